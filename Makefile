@@ -1,0 +1,30 @@
+# Two set-up commands: `make run` and `make test`. Both create .venv on first use and reuse it after.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned here, in the install step only: our machines take the CPU wheel on disk, a user's
+# GPU machine gets PyPI's CUDA build of the same release. The package itself needs torch >= 2.5.
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint clean
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "error: gpuwise needs Python >= 3.10 (hint: make PYTHON=python3.12 ...)")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[dev]"
+	@touch $(STAMP)
+
+# The main job on built-in defaults: check the stack, then show this machine's accelerators.
+# gpus --local runs even when doctor finds a failure; the exit status is doctor's.
+run: $(STAMP)
+	@$(BIN)/gpuwise doctor; status=$$?; $(BIN)/gpuwise gpus --local && exit $$status
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info
