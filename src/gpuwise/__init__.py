@@ -1,3 +1,20 @@
-"""gpuwise: measured answers to GPU questions for deep-learning practitioners."""
+"""gpuwise: measured answers to GPU questions for deep-learning practitioners.
+
+The library returns frozen dataclasses and never prints; ``gpuwise.render`` and ``gpuwise.cli``
+turn them into tables and JSON. Importing gpuwise does not import torch.
+"""
+
+from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from gpuwise.doctor import DoctorReport, Finding, diagnose
+from gpuwise.environment import Environment, gather_environment
+from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
+from gpuwise.hardware.detect import LocalMachine, describe_local
+
+__all__ = [
+    "Accelerator", "Catalog", "DoctorReport", "Environment", "Finding", "GpuwiseError", "LocalMachine",
+    "__version__", "describe_local", "diagnose", "gather_environment", "load_catalog",
+]  # fmt: skip

@@ -1,0 +1,7 @@
+"""``python -m gpuwise``."""
+
+import sys
+
+from gpuwise.cli import main
+
+sys.exit(main())

@@ -1,0 +1,164 @@
+"""The ``gpuwise`` command line: parse, call the library, hand the result to a renderer.
+
+Errors a user can fix print one line, ``error: <what> (hint: <what to do>)``, and exit 2; a
+traceback only with ``GPUWISE_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuwise import __version__
+from gpuwise.errors import GpuwiseError
+
+app = typer.Typer(
+    name="gpuwise",
+    help="Measured answers to GPU questions: is my stack right, will it fit, which GPU, how fast.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gpuwise {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """gpuwise: GPU answers with measurements instead of folklore."""
+
+
+@app.command()
+def doctor(json_out: JsonFlag = False) -> None:
+    """Check the PyTorch / CUDA / driver / GPU stack and say how to fix what is wrong.
+
+    Exit code 0 when no check fails, 1 when one does.
+
+    Examples: gpuwise doctor; gpuwise doctor --json
+    """
+    from gpuwise import render
+    from gpuwise.doctor import diagnose
+    from gpuwise.environment import gather_environment
+
+    report = diagnose(gather_environment(os.environ))
+    if json_out:
+        render.print_json(render.doctor_json(report))
+    else:
+        render.render_doctor(report, _console())
+    raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def gpus(
+    name: Annotated[str | None, typer.Argument(help="Show one accelerator, e.g. h100, 4090, mi300x.")] = None,
+    segment: Annotated[str | None, typer.Option(help="consumer, workstation, datacenter or edge.")] = None,
+    vendor: Annotated[str | None, typer.Option(help="NVIDIA, AMD, Intel, Huawei, Google or Apple.")] = None,
+    min_memory: Annotated[str | None, typer.Option(
+        help="At least this much memory, e.g. 24GB (10^9 bytes) or 24GiB (2^30 bytes); "
+             "vendors' '24GB' cards hold 24 GiB.")] = None,
+    local: Annotated[bool, typer.Option("--local", help="Show this machine's GPUs and CPU instead.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """List the hardware catalog, show one accelerator with its sources, or this machine.
+
+    Examples: gpuwise gpus; gpuwise gpus h100; gpuwise gpus --segment consumer --min-memory 24GB;
+    gpuwise gpus --local --json
+    """
+    from gpuwise import render
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.units import parse_bytes
+
+    catalog = load_catalog()
+    if local:
+        if name or segment or vendor or min_memory:
+            raise GpuwiseError("--local shows this machine and takes no name or filters",
+                               hint="run 'gpuwise gpus --local' alone")
+        from gpuwise.environment import gather_environment
+        from gpuwise.hardware.detect import describe_local
+
+        machine = describe_local(gather_environment(os.environ), catalog)
+        if json_out:
+            render.print_json(render.local_json(machine))
+        else:
+            render.render_local(machine, _console())
+        return
+    if name is not None:
+        row = catalog.get(name)
+        if json_out:
+            render.print_json([row])
+        else:
+            render.render_accelerator(row, _console())
+        return
+    rows = catalog.filter(segment=segment, vendor=vendor,
+                          min_memory_bytes=parse_bytes(min_memory) if min_memory else None)
+    if json_out:
+        render.print_json(rows)
+    else:
+        render.render_catalog(rows, _console())
+
+
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Click's usage-error base class, wherever this typer keeps click (vendored or not)."""
+    return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _command_name(argv: list[str]) -> str:
+    """ "gpuwise gpus" when argv names a command, else "gpuwise"."""
+    words = [a for a in argv if not a.startswith("-")]
+    known = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    return f"gpuwise {words[0]}" if words and words[0] in known else "gpuwise"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (0 ok, 1 a check failed, 2 a usage error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("GPUWISE_DEBUG", "") not in ("", "0")
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="gpuwise", standalone_mode=False)
+    except GpuwiseError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except _usage_error_types() as exc:
+        if debug:
+            traceback.print_exc()
+        message = exc.format_message().replace("\n", " ")  # type: ignore[attr-defined]
+        print(f"error: {message} (hint: run '{_command_name(argv)} --help')", file=sys.stderr)
+        return 2
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc} "
+              "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""One snapshot of the software and hardware stack, gathered once.
+
+``gather_environment`` is the only place in gpuwise that asks the GPU, the driver (NVML) or torch
+about devices. Everything else (``doctor``, ``gpus --local``) is a pure function of the snapshot,
+so every branch can be tested by building an ``Environment`` by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Environment variables that change what the stack does; the snapshot keeps only these.
+RELEVANT_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
+    "LD_LIBRARY_PATH", "HSA_OVERRIDE_GFX_VERSION",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuProcess:
+    """A process holding GPU memory (``nvidia-smi --query-compute-apps=pid,name,used_memory``)."""
+
+    pid: int
+    name: str | None
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NvmlDevice:
+    """A GPU as the NVIDIA driver reports it through NVML, whether or not torch can use it."""
+
+    index: int
+    name: str  # nvidia-smi --query-gpu=name
+    uuid: str  # --query-gpu=uuid, "GPU-..."
+    total_memory_bytes: int  # --query-gpu=memory.total
+    free_memory_bytes: int  # --query-gpu=memory.free
+    compute_capability: tuple[int, int] | None  # --query-gpu=compute_cap
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchDevice:
+    """A GPU as torch sees it (CUDA or ROCm through ``torch.cuda``), numbered as torch numbers it."""
+
+    index: int
+    name: str
+    total_memory_bytes: int
+    compute_capability: tuple[int, int]
+    multiprocessor_count: int
+    uuid: str | None = None  # without the "GPU-" prefix
+    gcn_arch: str | None = None  # ROCm only, e.g. "gfx942:sramecc+:xnack-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchInfo:
+    """The installed torch build and what it can reach."""
+
+    version: str  # e.g. "2.13.0+cu130"
+    cuda: str | None  # torch.version.cuda: the CUDA the wheel was built with
+    hip: str | None  # torch.version.hip: the ROCm it was built with
+    arch_list: tuple[str, ...] = ()  # torch.cuda.get_arch_list()
+    cuda_available: bool = False
+    cuda_error: str | None = None  # why torch.cuda could not list devices
+    devices: tuple[TorchDevice, ...] = ()
+    cudnn_version: int | None = None  # e.g. 91002 for 9.10.2
+    cudnn_error: str | None = None
+    nccl_version: str | None = None  # e.g. "2.28.9"
+    mps_built: bool = False
+    mps_available: bool = False
+    mps_recommended_max_bytes: int | None = None
+    float32_matmul_precision: str = "highest"  # "high" or "medium" lets fp32 matmuls use TF32
+    cudnn_allow_tf32: bool = True
+    triton_pin: str | None = None  # the triton release this torch wheel requires, if any
+    warnings: tuple[str, ...] = ()  # what torch warned while being probed
+
+    @property
+    def build(self) -> str:
+        """ "CUDA 13.0", "ROCm 7.2" or "CPU"."""
+        if self.cuda:
+            return f"CUDA {self.cuda}"
+        if self.hip:
+            return f"ROCm {'.'.join(self.hip.split('.')[:2])}"
+        return "CPU"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuInfo:
+    model: str
+    physical_cores: int | None
+    logical_cores: int
+    usable_cores: int  # this process's affinity: what a container or taskset allows
+    memory_total_bytes: int
+    memory_available_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    """Everything ``doctor`` and ``gpus --local`` need to know, read once."""
+
+    python_version: tuple[int, int, int]
+    os: str  # platform.system(): "Linux", "Windows" or "Darwin"
+    machine: str  # platform.machine(): "x86_64", "arm64", ...
+    cpu: CpuInfo
+    torch: TorchInfo | None  # None when torch does not import
+    torch_error: str | None = None
+    driver_version: str | None = None  # NVIDIA driver, e.g. "580.82.07"
+    driver_cuda: tuple[int, int] | None = None  # newest CUDA the driver supports (nvidia-smi header)
+    nvml_devices: tuple[NvmlDevice, ...] = ()
+    nvml_error: str | None = None
+    triton_version: str | None = None
+    triton_error: str | None = None
+    shm_bytes: int | None = None  # size of /dev/shm (DataLoader workers and NCCL use it)
+    in_container: bool = False
+    variables: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> tuple[TorchDevice, ...]:
+        return self.torch.devices if self.torch else ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes. Each returns facts or records why it could not; none raises.
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _probe_torch() -> tuple[TorchInfo | None, str | None]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch = importlib.import_module("torch")
+        except Exception as exc:  # a broken install raises anything from ImportError to OSError
+            return None, _first_line(exc)
+        info = _torch_info(torch)
+    seen = tuple(dict.fromkeys(str(w.message).strip() for w in caught))
+    return TorchInfo(**{**info, "warnings": seen}), None
+
+
+def _torch_info(torch) -> dict:
+    info: dict = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "triton_pin": _triton_pin(),
+    }
+    with contextlib.suppress(Exception):
+        info["mps_built"] = bool(torch.backends.mps.is_built())
+        info["mps_available"] = bool(torch.backends.mps.is_available())
+        if info["mps_available"]:
+            info["mps_recommended_max_bytes"] = int(torch.mps.recommended_max_memory())
+    if not (info["cuda"] or info["hip"]):
+        return info
+    try:
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        info["arch_list"] = tuple(torch.cuda.get_arch_list())
+        devices = []
+        for i in range(torch.cuda.device_count() if info["cuda_available"] else 0):
+            props = torch.cuda.get_device_properties(i)
+            uuid = getattr(props, "uuid", None)
+            devices.append(TorchDevice(
+                index=i,
+                name=props.name,
+                total_memory_bytes=int(props.total_memory),
+                compute_capability=(props.major, props.minor),
+                multiprocessor_count=props.multi_processor_count,
+                uuid=str(uuid).removeprefix("GPU-") if uuid is not None else None,
+                gcn_arch=getattr(props, "gcnArchName", None) if info["hip"] else None,
+            ))
+        info["devices"] = tuple(devices)
+    except Exception as exc:
+        info["cuda_available"] = False
+        info["cuda_error"] = _first_line(exc)
+    try:
+        info["cudnn_version"] = torch.backends.cudnn.version()
+    except Exception as exc:  # torch raises on a cuDNN version mismatch
+        info["cudnn_error"] = _first_line(exc)
+    with contextlib.suppress(Exception):
+        version = torch.cuda.nccl.version()
+        info["nccl_version"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return info
+
+
+def _triton_pin() -> str | None:
+    """The ``triton==X`` requirement of the installed torch wheel (CUDA wheels on Linux have one)."""
+    try:
+        requirements = importlib.metadata.requires("torch") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        match = re.match(r"(?:pytorch-)?triton\s*==\s*([\w.+]+)", requirement)
+        if match and "extra ==" not in requirement:
+            return match.group(1)
+    return None
+
+
+def _probe_nvml() -> dict:
+    """Driver version, the newest CUDA it supports, and every GPU with its processes, via NVML."""
+    try:
+        import pynvml
+    except Exception as exc:
+        return {"nvml_error": _first_line(exc)}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # no driver: NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return {"nvml_error": _first_line(exc)}
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()  # 1000 * major + 10 * minor
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            cc = None
+            with contextlib.suppress(Exception):
+                cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            processes = []
+            with contextlib.suppress(Exception):
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if proc.pid == os.getpid():  # our own context is not "another process"
+                        continue
+                    processes.append(GpuProcess(
+                        pid=proc.pid, name=_process_name(proc.pid),
+                        used_memory_bytes=getattr(proc, "usedGpuMemory", None),
+                    ))
+            devices.append(NvmlDevice(
+                index=i,
+                name=name.decode() if isinstance(name, bytes) else name,
+                uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+                total_memory_bytes=int(memory.total),
+                free_memory_bytes=int(memory.free),
+                compute_capability=cc,
+                processes=tuple(processes),
+            ))
+        return {
+            "driver_version": driver,
+            "driver_cuda": (cuda // 1000, (cuda % 1000) // 10),
+            "nvml_devices": tuple(devices),
+        }
+    except Exception as exc:
+        return {"nvml_error": _first_line(exc)}
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _process_name(pid: int) -> str | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).name()
+    except Exception:  # another container's pid, or gone
+        return None
+
+
+def _probe_triton(import_it: bool) -> dict:
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return {"triton_error": "triton is not installed"}
+    if import_it:
+        try:
+            importlib.import_module("triton")
+        except Exception as exc:
+            return {"triton_version": version, "triton_error": _first_line(exc)}
+    return {"triton_version": version}
+
+
+def _cpu_model(os_name: str) -> str:
+    if os_name == "Linux":
+        with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    if os_name == "Darwin":
+        with contextlib.suppress(Exception):
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                 capture_output=True, text=True, timeout=5, check=True)
+            return out.stdout.strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _memory_limit_bytes() -> int | None:
+    """A cgroup v2 memory limit (a container's), if one is set."""
+    with contextlib.suppress(OSError, ValueError), open("/sys/fs/cgroup/memory.max", encoding="utf-8") as f:
+        text = f.read().strip()
+        return None if text == "max" else int(text)
+    return None
+
+
+def _probe_cpu(os_name: str) -> CpuInfo:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    total, available = int(memory.total), int(memory.available)
+    if (limit := _memory_limit_bytes()) is not None and limit < total:
+        total, available = limit, min(available, limit)
+    logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
+    return CpuInfo(
+        model=_cpu_model(os_name),
+        physical_cores=psutil.cpu_count(logical=False),
+        logical_cores=logical,
+        usable_cores=usable,
+        memory_total_bytes=total,
+        memory_available_bytes=available,
+    )
+
+
+def gather_environment(environ: Mapping[str, str]) -> Environment:
+    """Read the whole stack once: Python, CPU, torch and its devices, the driver (NVML), Triton.
+
+    >>> env = gather_environment(os.environ)
+    >>> env.torch.version  # doctest: +SKIP
+    '2.13.0+cpu'
+    """
+    os_name = platform.system()
+    torch_info, torch_error = _probe_torch()
+    nvml = _probe_nvml()
+    has_cuda_gpu = bool(torch_info and torch_info.cuda and torch_info.devices)
+    shm = None
+    with contextlib.suppress(OSError):
+        shm = shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else None
+    return Environment(
+        python_version=tuple(sys.version_info[:3]),  # type: ignore[arg-type]
+        os=os_name,
+        machine=platform.machine(),
+        cpu=_probe_cpu(os_name),
+        torch=torch_info,
+        torch_error=torch_error,
+        **nvml,
+        **_probe_triton(import_it=has_cuda_gpu),
+        shm_bytes=shm,
+        in_container=os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),
+        variables={k: environ[k] for k in RELEVANT_VARIABLES if k in environ},
+    )

@@ -1,0 +1,76 @@
+"""The snapshot on this real machine, and each probe's failure path."""
+
+import importlib
+import importlib.metadata
+import os
+
+import psutil
+import pytest
+import torch
+
+from gpuwise import environment
+from gpuwise.environment import gather_environment
+
+
+@pytest.fixture(scope="module")
+def env():
+    return gather_environment({"CUDA_VISIBLE_DEVICES": "0", "HOME": "/root", "PYTORCH_ALLOC_CONF": "x:y"})
+
+
+def test_snapshot_matches_what_torch_and_psutil_say(env):
+    assert env.torch.version == torch.__version__
+    assert env.torch.cuda == torch.version.cuda
+    assert env.torch.float32_matmul_precision == torch.get_float32_matmul_precision()
+    assert len(env.gpus) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert env.cpu.logical_cores == psutil.cpu_count(logical=True)
+    assert env.cpu.usable_cores == len(os.sched_getaffinity(0))
+    assert 0 < env.cpu.memory_available_bytes <= env.cpu.memory_total_bytes <= psutil.virtual_memory().total
+
+
+def test_snapshot_keeps_only_relevant_variables(env):
+    assert env.variables == {"CUDA_VISIBLE_DEVICES": "0", "PYTORCH_ALLOC_CONF": "x:y"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
+def test_cpu_machine_has_no_driver(env):
+    assert env.driver_version is None and env.nvml_devices == ()
+    assert env.nvml_error  # says why: no NVML library, no driver, ...
+
+
+def test_a_broken_torch_import_is_recorded_not_raised(monkeypatch):
+    real = importlib.import_module
+
+    def fake_import(name, *args):
+        if name == "torch":
+            raise OSError("libcudnn.so.9: cannot open shared object file: No such file or directory")
+        return real(name, *args)
+
+    monkeypatch.setattr(environment.importlib, "import_module", fake_import)
+    info, error = environment._probe_torch()
+    assert info is None and error.startswith("OSError: libcudnn.so.9")
+
+
+def test_triton_pin_is_read_from_torch_requirements(monkeypatch):
+    monkeypatch.setattr(environment.importlib.metadata, "requires", lambda name: [
+        "filelock", 'triton==3.6.0; platform_system == "Linux"', 'optree>=0.13.0; extra == "optree"'])
+    assert environment._triton_pin() == "3.6.0"
+    monkeypatch.setattr(environment.importlib.metadata, "requires", lambda name: ["filelock"])
+    assert environment._triton_pin() is None
+
+
+def test_missing_nvml_is_recorded(monkeypatch):
+    import pynvml
+
+    def no_driver():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    assert "nvml_error" in environment._probe_nvml()
+
+
+def test_triton_missing_is_recorded(monkeypatch):
+    def not_found(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(environment.importlib.metadata, "version", not_found)
+    assert environment._probe_triton(import_it=True) == {"triton_error": "triton is not installed"}
