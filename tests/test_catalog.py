@@ -131,6 +131,9 @@ def test_unknown_name_lists_the_closest():
     assert "unknown GPU 'a100 pcie'" in str(info.value)
     assert info.value.hint.startswith("closest: a100-40gb-sxm, a100-80gb-sxm")
     with pytest.raises(GpuwiseError) as info:
+        CATALOG.get("A100PCIE")  # the model number inside a run-together name still leads
+    assert info.value.hint.startswith("closest: a100-40gb-sxm, a100-80gb-sxm")
+    with pytest.raises(GpuwiseError) as info:
         CATALOG.get("h1000")
     assert "h100-sxm" in info.value.hint
 

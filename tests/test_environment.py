@@ -74,3 +74,20 @@ def test_triton_missing_is_recorded(monkeypatch):
 
     monkeypatch.setattr(environment.importlib.metadata, "version", not_found)
     assert environment._probe_triton(import_it=True) == {"triton_error": "triton is not installed"}
+
+
+@pytest.mark.requires_cuda
+def test_real_gpu_snapshot_agrees_with_nvml_and_the_catalog(env):
+    from gpuwise.doctor import diagnose
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.hardware.detect import describe_local
+
+    assert env.driver_version and env.nvml_devices and env.gpus
+    nvml_uuids = {d.uuid.removeprefix("GPU-") for d in env.nvml_devices}
+    assert all(dev.uuid in nvml_uuids for dev in env.gpus)  # torch and NVML name the same cards
+    assert env.torch.cudnn_version and env.torch.nccl_version
+    machine = describe_local(env, load_catalog())
+    for dev in machine.devices:
+        if dev.name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+            assert dev.catalog_match is not None and dev.memory_free_bytes is not None
+    assert not diagnose(env).failed, [f for f in diagnose(env).findings if f.status == "fail"]

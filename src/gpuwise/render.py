@@ -131,14 +131,20 @@ def render_accelerator(a: Accelerator, console: Console) -> None:
 
 
 def render_local(machine: LocalMachine, console: Console) -> None:
-    table = Table(title=f"this machine (torch build: {machine.torch_build})")
-    for column in ("device", "name", "arch", "memory", "free", "catalog row", "note"):
-        table.add_column(column, overflow="fold")
+    table = Table(title=f"this machine (torch build: {machine.torch_build})", box=box.SIMPLE_HEAD)
+    table.add_column("device", no_wrap=True)
+    table.add_column("name", overflow="fold")
+    table.add_column("memory", justify="right", no_wrap=True)
+    table.add_column("free", justify="right", no_wrap=True)
+    table.add_column("arch", no_wrap=True)
+    table.add_column("catalog", no_wrap=True)
     for d in machine.devices:
         device = d.backend if d.index is None else f"{d.backend}:{d.index}"
-        table.add_row(device, d.name, d.arch or "-", human_bytes(d.memory_total_bytes),
-                      human_bytes(d.memory_free_bytes), d.catalog_match.key if d.catalog_match else "-",
-                      d.note or "")
+        name = Text(d.name)
+        if d.note:
+            name.append(f"\n{d.note}", style="dim")
+        table.add_row(device, name, human_bytes(d.memory_total_bytes), human_bytes(d.memory_free_bytes),
+                      d.arch or "-", d.catalog_match.key if d.catalog_match else "-")
     console.print(table)
 
 

@@ -174,7 +174,7 @@ class Catalog:
     def _suggest(self, name: str) -> str:
         norm = normalize_name(name)
         # A model number the user typed ("a100" in "a100 pcie") picks its rows first, then spelling.
-        models = [w for w in re.sub(r"[^a-z0-9]+", " ", name.lower()).split() if re.search(r"\d", w)]
+        models = re.findall(r"[a-z]{0,3}\d+", name.lower())
         close = [n for n in self._by_name if any(m in n for m in models)]
         close += difflib.get_close_matches(norm, list(self._by_name), n=8, cutoff=0.5)
         keys = list(dict.fromkeys(self._by_name[n].key for n in close))[:4]
