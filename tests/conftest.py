@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from gpuwise.environment import CpuInfo, Environment, GpuProcess, NvmlDevice, TorchDevice, TorchInfo
+from gpuwise.stack import driver_max_cuda, parse_version
 from gpuwise.units import GiB
 
 CPU = CpuInfo(model="AMD EPYC 9654 96-Core Processor", physical_cores=32, logical_cores=64, usable_cores=16,
@@ -49,7 +50,7 @@ def cuda_env(*, name="NVIDIA H100 80GB HBM3", cc=(9, 0), count=1, driver="580.82
     )
     env = cpu_env(
         torch=replace(info, **(torch_changes or {})), driver_version=driver,
-        driver_cuda=(int(driver.split(".")[0]) >= 580 and (13, 0)) or (12, 8),
+        driver_cuda=driver_max_cuda(parse_version(driver)),
         nvml_devices=tuple(nvml(name, cc, index=i) for i in range(count)), nvml_error=None,
         triton_version="3.6.0",
     )

@@ -60,8 +60,10 @@ def test_any_failure_makes_exit_code_1():
 
 
 def test_python():
-    assert check_python(cpu_env(python_version=(3, 9, 18))).status == "fail"
-    assert "3.10" in check_python(cpu_env(python_version=(3, 9, 18))).fix
+    old = check_python(cpu_env(python_version=(3, 9, 18)))
+    assert old.status == "fail" and "needs Python >= 3.10" in old.message
+    eol = check_python(cpu_env(python_version=(3, 10, 13)))  # PEP 619: end of life October 2026
+    assert eol.status == "warn" and "end of life" in eol.message
     assert check_python(cpu_env()).status == "ok"
 
 
@@ -123,6 +125,26 @@ def test_driver_floor_on_windows():
     assert check_driver(low).status == "fail"  # Windows floor for 12.x is 527.41
     mid = cuda_env(cuda="12.6", archs=ARCHS_CU126, driver="531.14", os="Windows")
     assert check_driver(mid).status == "warn"  # runs, below the 12.6 toolkit driver 560.76
+
+
+def test_windows_cu13x_needs_the_r580_branch():
+    env = cuda_env(cuda="13.0", driver="560.94", os="Windows")
+    finding = check_driver(env)
+    assert finding.status == "fail" and "too old" in finding.message
+    assert finding.fix.endswith("whl/cu126")
+    assert check_driver(cuda_env(cuda="13.0", driver="581.57", os="Windows")).status == "ok"
+
+
+def test_driver_reporting_an_older_cuda_major_is_too_old_whatever_the_version_says():
+    # NVML's own answer (the nvidia-smi header) wins: a 12.x driver cannot run a 13.x build.
+    env = cuda_env(cuda="13.0", driver="580.82.07", driver_cuda=(12, 9))
+    assert check_driver(env).status == "fail"
+
+
+@pytest.mark.parametrize(("name", "cc"), [("NVIDIA B300", (10, 3)), ("NVIDIA GB10", (12, 1))])
+def test_newer_minors_of_blackwell_need_r570_too(name, cc):
+    env = cuda_env(name=name, cc=cc, cuda="12.6", archs=ARCHS_CU126, driver="560.35.03")
+    assert check_driver(env).status == "fail"
 
 
 def test_blackwell_needs_an_r570_driver_whatever_the_build():
@@ -233,6 +255,12 @@ def test_arch_only_through_ptx():
     assert check_arch(old).status == "fail"
 
 
+def test_arch_specific_code_does_not_cover_a_later_minor():
+    env = cuda_env(name="NVIDIA B300", cc=(10, 3), archs=("sm_90", "sm_100a"))
+    assert check_arch(env).status == "fail"
+    assert check_arch(cuda_env(name="NVIDIA B300", cc=(10, 3), archs=("sm_90", "sm_100"))).status == "ok"
+
+
 def test_volta_on_cu130_fails_and_points_to_cu126():
     env = cuda_env(name="Tesla V100-SXM2-32GB", cc=(7, 0), archs=ARCHS_CU130)
     finding = check_arch(env)
@@ -268,6 +296,7 @@ def test_precision_without_gpu_does_not_apply():
 
 def test_cudnn_version_and_errors():
     assert check_cudnn(cuda_env(torch_changes={"cudnn_version": 91002})).message == "cuDNN 9.10.2"
+    assert check_cudnn(cuda_env(torch_changes={"cudnn_version": 8907})).message == "cuDNN 8.9.7"
     missing = check_cudnn(cuda_env(torch_changes={"cudnn_version": None}))
     assert missing.status == "warn"
     error = ("RuntimeError: cuDNN version incompatibility: PyTorch was compiled against (9, 10, 2) but found "
@@ -297,13 +326,20 @@ def test_other_processes_holding_gpu_memory():
     idle = nvml(index=1, free=80 * GiB - 300 * MiB)
     finding = check_gpu_memory(cuda_env(count=2, nvml_devices=(busy, idle)))
     assert finding.status == "warn"
-    assert "python3 (pid 4242) 20 GiB" in finding.message and "GPU 0" in finding.message
-    assert "CUDA_VISIBLE_DEVICES=1" in finding.fix
+    assert "python3 (pid 4242) 20 GiB" in finding.message and "nvidia-smi GPU 0" in finding.message
+    # By UUID: CUDA's fastest-first numbering need not match nvidia-smi's PCI order.
+    assert f"CUDA_VISIBLE_DEVICES={idle.uuid}" in finding.fix
 
 
 def test_memory_used_by_invisible_processes():
     env = cuda_env(nvml_devices=(nvml(free=10 * GiB),))
     assert "cannot see" in check_gpu_memory(env).message
+
+
+def test_gpu_without_memory_figures_is_skipped():
+    # Unified-memory parts (GB10) answer NotSupported to NVML's memory query.
+    env = cuda_env(nvml_devices=(replace(nvml(), total_memory_bytes=None, free_memory_bytes=None),))
+    assert check_gpu_memory(env) is None
 
 
 def test_free_memory_ok():
@@ -323,7 +359,8 @@ def test_free_memory_ok():
         ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}, "ok", "add expandable_segments:True"),
         ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments"}, "fail", "not 'key:value'"),
         ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:True"}, "warn", "expandable_segment"),
-        ({"PYTORCH_ALLOC_CONF": "a:b", "PYTORCH_CUDA_ALLOC_CONF": "c:d"}, "warn", "both set"),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:TRUE"}, "fail", "neither True nor False"),
+        ({"PYTORCH_ALLOC_CONF": "a:b", "PYTORCH_CUDA_ALLOC_CONF": "c:d"}, "warn", "are all set"),
     ],
 )
 def test_alloc_conf(variables, status, text):
@@ -371,3 +408,4 @@ def test_small_shm_in_a_container_warns():
     env = cuda_env(shm_bytes=64 * MiB, in_container=True)
     finding = check_dataloader(env)
     assert finding.status == "warn" and "--shm-size" in finding.fix and "64 MiB" in finding.message
+    assert "remount" in check_dataloader(cuda_env(shm_bytes=64 * MiB, in_container=False)).fix

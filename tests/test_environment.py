@@ -3,6 +3,7 @@
 import importlib
 import importlib.metadata
 import os
+import sys
 
 import psutil
 import pytest
@@ -66,6 +67,64 @@ def test_missing_nvml_is_recorded(monkeypatch):
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
     assert "nvml_error" in environment._probe_nvml()
+
+
+class FakeNvml:
+    """The pynvml calls the probe makes, for one H100 whose memory query is not supported."""
+
+    NVMLError = Exception
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlSystemGetDriverVersion(self): return "580.82.07"
+    def nvmlSystemGetCudaDriverVersion_v2(self): return 13000
+    def nvmlDeviceGetCount(self): return 2
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 1:
+            raise RuntimeError("NVMLError_GpuIsLost")
+        return i
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
+    def nvmlDeviceGetUUID(self, h): return "GPU-0000-1111"
+    def nvmlDeviceGetCudaComputeCapability(self, h): return (9, 0)
+    def nvmlDeviceGetComputeRunningProcesses(self, h): return []
+    def nvmlDeviceGetMemoryInfo(self, h): raise RuntimeError("NVMLError_NotSupported")
+
+
+def test_one_failing_nvml_query_loses_only_its_field(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    found = environment._probe_nvml()
+    assert found["driver_version"] == "580.82.07" and found["driver_cuda"] == (13, 0)
+    (dev,) = found["nvml_devices"]  # the lost GPU is noted, the other kept
+    assert (dev.name, dev.compute_capability, dev.total_memory_bytes) == ("NVIDIA H100 80GB HBM3", (9, 0), None)
+    assert "GPU 1" in found["nvml_error"]
+
+
+@pytest.mark.parametrize(
+    ("files", "cores", "memory"),
+    [
+        ({"/sys/fs/cgroup/cpu.max": "200000 100000", "/sys/fs/cgroup/memory.max": "8589934592"}, 2, 8 * 2**30),
+        ({"/sys/fs/cgroup/cpu.max": "150000 100000"}, 2, None),  # 1.5 CPUs: round up
+        ({"/sys/fs/cgroup/cpu.max": "max 100000", "/sys/fs/cgroup/memory.max": "max"}, None, None),
+        ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "400000", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000",
+          "/sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712"}, 4, None),  # v1, no memory limit
+        ({"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1"}, None, None),
+        ({}, None, None),
+    ],
+)
+def test_container_limits_are_read_from_cgroups(monkeypatch, files, cores, memory):
+    monkeypatch.setattr(environment, "_read_first", lambda *paths: next((files[p] for p in paths if p in files), None))
+    assert environment._cpu_quota() == cores
+    assert environment._memory_limit_bytes() == memory
+
+
+def test_triton_distributions_are_all_looked_up(monkeypatch):
+    def version(name):
+        if name == "triton-windows":
+            return "3.6.0.post21"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(environment.importlib.metadata, "version", version)
+    assert environment._probe_triton(import_it=False) == {"triton_version": "3.6.0.post21"}
 
 
 def test_triton_missing_is_recorded(monkeypatch):

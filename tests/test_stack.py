@@ -3,12 +3,13 @@
 import pytest
 
 from gpuwise.stack import (
+    arch_coverage,
     choose_wheel,
     driver_max_cuda,
     driver_need,
+    first_cuda_for,
     format_version,
     has_sass,
-    parse_arch_list,
     parse_version,
     wheel_archs,
 )
@@ -18,7 +19,8 @@ def test_parse_version():
     assert parse_version("580.82.07") == (580, 82, 7)
     assert parse_version("2.13.0+cu130") == (2, 13, 0)
     assert parse_version("2.6.0a0+git1234") == (2, 6)
-    assert format_version((580, 65, 6)) == "580.65.06"  # NVIDIA writes the last part with two digits
+    assert format_version((580, 65, 6)) == "580.65.06"  # NVIDIA writes the parts after the branch
+    assert format_version((576, 2)) == "576.02"  # with two digits, on Linux and Windows alike
 
 
 @pytest.mark.parametrize(
@@ -45,6 +47,16 @@ def test_driver_need_follows_minor_version_compatibility():
     assert driver_need((12, 6), "Windows").floor == (527, 41)
     assert driver_need((13, 0), "Linux").floor == (580, 65, 6)
     assert driver_need((11, 8), "Linux").floor == (450, 80, 2)
+    # Windows stopped bundling a driver with 13.x: the R580 branch stands in.
+    assert (560, 94) < driver_need((13, 0), "Windows").floor <= (580, 88) <= (581, 57)
+
+
+def test_first_cuda_for_an_architecture_covers_every_minor_of_a_major():
+    assert first_cuda_for((9, 0)) == (11, 8)
+    assert first_cuda_for((10, 3)) == (12, 8)  # B300
+    assert first_cuda_for((12, 1)) == (12, 8)  # GB10
+    assert first_cuda_for((8, 9)) == (11, 8)
+    assert first_cuda_for((8, 6)) is None
 
 
 def test_sass_compatibility_rule():
@@ -65,8 +77,21 @@ def test_wheel_archs_track_the_volta_and_pascal_history():
     assert (6, 0) in wheel_archs((2, 13), "cu126")
 
 
-def test_parse_arch_list_splits_sass_and_ptx():
-    assert parse_arch_list(("sm_75", "sm_90a", "compute_120", "gfx942")) == (((7, 5), (9, 0)), ((12, 0),))
+@pytest.mark.parametrize(
+    ("cc", "archs", "coverage"),
+    [
+        ((8, 9), ("sm_80", "sm_86"), "sass"),  # same major, lower minor: native
+        ((9, 0), ("sm_80", "sm_86"), None),  # SASS never crosses a major
+        ((12, 0), ("sm_90", "compute_90"), "ptx"),  # PTX is JIT-compiled for newer GPUs
+        ((9, 0), ("sm_90a",), "sass"),  # arch-specific code runs on exactly that arch
+        ((10, 3), ("sm_100a",), None),  # ... and not on a later minor
+        ((10, 3), ("sm_100f",), "sass"),  # family-specific code runs across the family
+        ((10, 0), ("compute_100a",), None),  # arch-specific PTX is not forward-portable either
+        ((9, 0), ("gfx942",), None),
+    ],
+)
+def test_arch_coverage(cc, archs, coverage):
+    assert arch_coverage(cc, archs) == coverage
 
 
 @pytest.mark.parametrize(
@@ -84,6 +109,19 @@ def test_choose_wheel(driver, cc, index):
     choice = choose_wheel("2.13.0+cpu", driver=driver, capabilities=(cc,))
     assert choice is not None and choice.index == index
     assert choice.command == f"pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/{index}"
+
+
+def test_choose_wheel_on_windows_respects_the_r580_branch_for_cu13x():
+    choice = choose_wheel("2.13.0", driver=(560, 94), capabilities=((8, 9),), os_name="Windows")
+    assert choice is not None and choice.index == "cu126"
+    assert choose_wheel("2.13.0", driver=(581, 57), capabilities=((8, 9),), os_name="Windows").index == "cu130"
+
+
+def test_choose_wheel_gives_no_advice_for_releases_it_has_no_table_for():
+    assert choose_wheel("2.3.1", driver=(550, 54), capabilities=((8, 0),)) is None
+    assert choose_wheel("garbage", driver=(550, 54), capabilities=((8, 0),)) is None
+    # 2.15 (planned) drops cu126: a V100 has no 2.15 wheel.
+    assert choose_wheel("2.15.0", driver=(580, 82, 7), capabilities=((7, 0),)) is None
 
 
 def test_choose_wheel_gives_none_when_nothing_fits():

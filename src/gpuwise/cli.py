@@ -88,8 +88,9 @@ def gpus(
     from gpuwise.units import parse_bytes
 
     catalog = load_catalog()
+    filters = segment is not None or vendor is not None or min_memory is not None
     if local:
-        if name or segment or vendor or min_memory:
+        if name is not None or filters:
             raise GpuwiseError("--local shows this machine and takes no name or filters",
                                hint="run 'gpuwise gpus --local' alone")
         from gpuwise.environment import gather_environment
@@ -102,6 +103,9 @@ def gpus(
             render.render_local(machine, _console())
         return
     if name is not None:
+        if filters:
+            raise GpuwiseError("a NAME shows one accelerator and takes no filters",
+                               hint=f"run 'gpuwise gpus {name}' alone, or filters without a name")
         row = catalog.get(name)
         if json_out:
             render.print_json([row])
@@ -109,7 +113,7 @@ def gpus(
             render.render_accelerator(row, _console())
         return
     rows = catalog.filter(segment=segment, vendor=vendor,
-                          min_memory_bytes=parse_bytes(min_memory) if min_memory else None)
+                          min_memory_bytes=parse_bytes(min_memory) if min_memory is not None else None)
     if json_out:
         render.print_json(rows)
     else:
@@ -129,8 +133,8 @@ def _command_name(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (0 ok, 1 a check failed, 2 a usage error)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run the CLI and return its exit code: 0 ok, 1 a check failed, 2 a usage error, 3 a bug."""
+    argv = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     debug = os.environ.get("GPUWISE_DEBUG", "") not in ("", "0")
     command = typer.main.get_command(app)
     try:
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: internal error: {type(exc).__name__}: {exc} "
               "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
-        return 1
+        return 3
     return result if isinstance(result, int) else 0
 
 

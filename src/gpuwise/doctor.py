@@ -14,20 +14,20 @@ from typing import Literal
 from gpuwise.environment import Environment, NvmlDevice, TorchDevice
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.stack import (
-    FIRST_CUDA_FOR_ARCH,
     TOOLKIT_DRIVER,
+    arch_coverage,
     choose_wheel,
     driver_max_cuda,
     driver_need,
+    first_cuda_for,
     format_version,
-    has_sass,
-    parse_arch_list,
     parse_version,
 )
 from gpuwise.units import GiB, human_bytes
 
 Status = Literal["ok", "warn", "fail"]
 MIN_PYTHON = (3, 10)
+PYTHON_END_OF_LIFE = {(3, 10): "October 2026"}  # PEP 619
 MIN_TORCH = (2, 5)
 # Keys the CUDA caching allocator knows (c10/cuda/CUDAAllocatorConfig, torch 2.5 - 2.13).
 ALLOC_CONF_KEYS = frozenset({
@@ -110,11 +110,16 @@ def _driver_text(env: Environment) -> str:
 
 def check_python(env: Environment) -> Finding:
     version = ".".join(map(str, env.python_version))
+    where = f"Python {version} ({env.os} {env.machine})"
     if env.python_version[:2] < MIN_PYTHON:
-        return Finding(check="python", status="fail",
-                       message=f"Python {version} is older than gpuwise and PyTorch >= 2.5 support",
-                       fix="install Python 3.10 or newer (3.12 is a good choice) and recreate the venv")
-    return Finding(check="python", status="ok", message=f"Python {version} ({env.os} {env.machine})")
+        return Finding(check="python", status="fail", message=f"{where}: gpuwise needs Python >= 3.10",
+                       fix="install Python 3.12 and recreate the venv")
+    if env.python_version[:2] in PYTHON_END_OF_LIFE:
+        return Finding(check="python", status="warn",
+                       message=f"{where}: end of life since {PYTHON_END_OF_LIFE[env.python_version[:2]]} "
+                               "(no more security fixes; new PyTorch releases drop such versions)",
+                       fix="move to Python 3.12 or newer and recreate the venv")
+    return Finding(check="python", status="ok", message=where)
 
 
 def check_torch(env: Environment) -> Finding:
@@ -156,7 +161,7 @@ def check_driver(env: Environment) -> Finding | None:
         return None  # no NVIDIA driver: check_gpu explains what that means here
     driver = parse_version(env.driver_version)
     for dev in env.nvml_devices:
-        first = FIRST_CUDA_FOR_ARCH.get(dev.compute_capability or (0, 0))
+        first = first_cuda_for(dev.compute_capability) if dev.compute_capability else None
         needed = driver_need(first, env.os).toolkit_driver if first else None
         if needed and driver < needed:
             return Finding(
@@ -170,13 +175,18 @@ def check_driver(env: Environment) -> Finding | None:
     cuda = tuple(parse_version(env.torch.cuda)[:2])
     need = driver_need(cuda, env.os)  # type: ignore[arg-type]
     build = f"torch's CUDA {env.torch.cuda} build"
-    if need.floor is not None and driver < need.floor:
+    supported = env.driver_cuda or driver_max_cuda(driver)
+    too_old = need.floor is not None and driver < need.floor
+    if supported is not None and supported[0] < cuda[0]:  # no minor-version compatibility across majors
+        too_old = True
+    if too_old:
+        floor = format_version(need.floor) if need.floor else f"a CUDA {cuda[0]}.x driver"
         return Finding(
             check="driver", status="fail",
-            message=(f"{_driver_text(env)}: too old for {build}, which needs >= "
-                     f"{format_version(need.floor)} ('The NVIDIA driver on your system is too old')"),
-            fix=(f"upgrade the driver to >= {format_version(need.floor)}, or install a build this driver runs: "
-                 + _wheel_fix(env, fallback="no current PyTorch wheel runs on it")),
+            message=(f"{_driver_text(env)}: too old for {build}, which needs >= {floor} "
+                     "('The NVIDIA driver on your system is too old')"),
+            fix=(f"upgrade the driver to >= {floor}, or install a build this driver runs: "
+                 + _wheel_fix(env, fallback="see https://pytorch.org/get-started/previous-versions/")),
         )
     if need.toolkit_driver is not None and driver < need.toolkit_driver:
         return Finding(
@@ -263,18 +273,18 @@ def check_arch(env: Environment) -> Finding | None:
         return None
     if env.torch.hip:
         return _check_rocm_arch(env)
-    sass, ptx = parse_arch_list(env.torch.arch_list)
     built = ", ".join(env.torch.arch_list) or "none listed"
     for dev in env.gpus:
         cc = dev.compute_capability
-        if has_sass(cc, sass):
+        coverage = arch_coverage(cc, env.torch.arch_list)
+        if coverage == "sass":
             continue
         driver = parse_version(env.driver_version) if env.driver_version else None
         toolkit = TOOLKIT_DRIVER.get(tuple(parse_version(env.torch.cuda or "")[:2]))  # type: ignore[arg-type]
-        jit_ok = driver is None or toolkit is None or driver >= toolkit[0]
-        fix = _wheel_fix(env, fallback=f"no wheel of torch {_torch_base(env)} has {_sm(cc)}: "
-                                       "try the newest PyTorch release")
-        if any(p <= cc for p in ptx) and jit_ok:
+        jit_ok = driver is None or toolkit is None or driver >= toolkit[1 if env.os == "Windows" else 0]
+        fix = _wheel_fix(env, fallback=f"no wheel of torch {_torch_base(env)} that we know has {_sm(cc)}: "
+                                       "see https://pytorch.org/get-started/locally/")
+        if coverage == "ptx" and jit_ok:
             return Finding(check="arch", status="warn",
                            message=(f"{dev.name} ({_sm(cc)}) has no native kernels in this build ({built}); "
                                     "it runs through PTX JIT: slow first launches, some kernels slower"),
@@ -326,7 +336,7 @@ def check_precision(env: Environment) -> Finding | None:
         return Finding(check="precision", status="ok",
                        message=(f"{dev.name}: bf16 supported; TF32 matmul on "
                                 f"(float32_matmul_precision={env.torch.float32_matmul_precision!r})"))
-    row = load_catalog().find(dev.name)
+    row = load_catalog().match_device(dev.name, dev.total_memory_bytes)
     rates = ""
     if row and row.peak_tflops.fp32 and row.peak_tflops.tf32:
         rates = f" ({row.peak_tflops.fp32:g} vs {row.peak_tflops.tf32:g} TFLOPS TF32 on this GPU)"
@@ -356,9 +366,16 @@ def check_cudnn(env: Environment) -> Finding | None:
         return Finding(check="cudnn", status="warn",
                        message=f"{library} is not available: convolutions fall back to slow kernels",
                        fix=reinstall)
-    v = env.torch.cudnn_version
-    text = f"{v // 10000}.{v // 100 % 100}.{v % 100}" if not env.torch.hip and v >= 90000 else str(v)
-    return Finding(check="cudnn", status="ok", message=f"{library} {text}")
+    return Finding(check="cudnn", status="ok", message=f"{library} {_cudnn_text(env.torch.cudnn_version, library)}")
+
+
+def _cudnn_text(code: int, library: str) -> str:
+    """torch.backends.cudnn.version() as x.y.z: 91002 -> 9.10.2 (cuDNN 9), 8907 -> 8.9.7 (cuDNN 8)."""
+    if library != "cuDNN":
+        return f"(version code {code})"
+    if code >= 90000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
 def check_nccl(env: Environment) -> Finding | None:
@@ -380,25 +397,29 @@ def check_gpu_memory(env: Environment) -> Finding | None:
     """Free memory per GPU and other processes holding it (what nvidia-smi shows)."""
     if not env.nvml_devices:
         return None
+    measured = [d for d in env.nvml_devices if d.total_memory_bytes is not None and d.free_memory_bytes is not None]
+    if not measured:
+        return None
     busy = []
-    for dev in env.nvml_devices:
-        used = dev.total_memory_bytes - dev.free_memory_bytes
+    for dev in measured:
+        used = dev.total_memory_bytes - dev.free_memory_bytes  # type: ignore[operator]
         if used > max(GiB, 0.03 * dev.total_memory_bytes):
             procs = ", ".join(
                 f"{p.name or '?'} (pid {p.pid}) {human_bytes(p.used_memory_bytes)}" for p in dev.processes
             ) or "processes this container cannot see"
-            busy.append(f"GPU {dev.index} ({dev.name}): {human_bytes(used)} of "
+            busy.append(f"nvidia-smi GPU {dev.index} ({dev.name}): {human_bytes(used)} of "
                         f"{human_bytes(dev.total_memory_bytes)} in use by {procs}")
     if busy:
-        free = [d.index for d in env.nvml_devices if d.total_memory_bytes - d.free_memory_bytes <= GiB]
+        # By UUID: CUDA numbers GPUs fastest-first, nvidia-smi by PCI bus, so an index could name the wrong card.
+        free = [d.uuid for d in measured if d.total_memory_bytes - d.free_memory_bytes <= GiB]  # type: ignore[operator]
         pick = f", or use a free GPU: CUDA_VISIBLE_DEVICES={free[0]}" if free else ""
         return Finding(check="gpu_memory", status="warn", message="; ".join(busy),
                        fix=f"stop those processes (kill PID) before training{pick}")
-    total_free = sum(d.free_memory_bytes for d in env.nvml_devices)
-    total = sum(d.total_memory_bytes for d in env.nvml_devices)
+    total_free = sum(d.free_memory_bytes for d in measured)  # type: ignore[misc]
+    total = sum(d.total_memory_bytes for d in measured)  # type: ignore[misc]
     return Finding(check="gpu_memory", status="ok",
                    message=(f"{human_bytes(total_free)} free of {human_bytes(total)} on "
-                            f"{len(env.nvml_devices)} GPU(s); no other processes"))
+                            f"{len(measured)} GPU(s); no other processes"))
 
 
 def check_alloc_conf(env: Environment) -> Finding | None:
@@ -413,8 +434,8 @@ def check_alloc_conf(env: Environment) -> Finding | None:
                        message=("allocator settings are the defaults; if an OOM says 'reserved but unallocated "
                                 f"memory is large', set {tip} to cut fragmentation"))
     if len(names) > 1:
-        return Finding(check="alloc_conf", status="warn", message=f"{' and '.join(names)} are both set",
-                       fix=f"keep one of them ({names[0]} is the current name)")
+        return Finding(check="alloc_conf", status="warn", message=f"{' and '.join(names)} are all set",
+                       fix="keep one of them (PYTORCH_ALLOC_CONF is the current name, torch >= 2.9)")
     name, value = names[0], env.variables[names[0]]
     options: dict[str, str] = {}
     for item in filter(None, (i.strip() for i in value.split(","))):
@@ -429,7 +450,13 @@ def check_alloc_conf(env: Environment) -> Finding | None:
                        message=f"{name} has keys this check does not know: {', '.join(unknown)} "
                                "(torch raises 'Unrecognized key' for a misspelt one)",
                        fix="check the spelling against https://pytorch.org/docs/stable/notes/cuda.html")
-    if options.get("expandable_segments", "").lower() == "true":
+    expandable = options.get("expandable_segments")
+    if expandable not in (None, "True", "False"):
+        return Finding(check="alloc_conf", status="fail",
+                       message=f"{name}: expandable_segments:{expandable} is neither True nor False; torch "
+                               "refuses it",
+                       fix=f"write {tip}")
+    if expandable == "True":
         if env.os == "Windows":
             return Finding(check="alloc_conf", status="warn",
                            message=f"{name}: expandable_segments is not supported on Windows and is ignored",
@@ -482,7 +509,9 @@ def check_dataloader(env: Environment) -> Finding:
         return Finding(check="dataloader", status="warn",
                        message=(f"/dev/shm is {human_bytes(shm)}: DataLoader workers (and NCCL) crash with "
                                 "'bus error' or 'No space left on device' once batches outgrow it"),
-                       fix="start the container with --ipc=host or --shm-size=16g, or use num_workers=0")
+                       fix=("start the container with --ipc=host or --shm-size=16g" if env.in_container
+                            else "remount /dev/shm larger (mount -o remount,size=16G /dev/shm)")
+                           + ", or use num_workers=0")
     per_gpu = cores / len(env.gpus) if env.gpus else cores
     where = f"{len(env.gpus)} GPU(s)" if env.gpus else "CPU training"
     advice = f"DataLoader(num_workers={workers}, pin_memory={bool(env.gpus)}, persistent_workers={workers > 0})"

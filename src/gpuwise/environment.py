@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import math
 import os
 import platform
 import re
@@ -44,8 +45,8 @@ class NvmlDevice:
     index: int
     name: str  # nvidia-smi --query-gpu=name
     uuid: str  # --query-gpu=uuid, "GPU-..."
-    total_memory_bytes: int  # --query-gpu=memory.total
-    free_memory_bytes: int  # --query-gpu=memory.free
+    total_memory_bytes: int | None  # --query-gpu=memory.total; None where NVML has no figure
+    free_memory_bytes: int | None  # --query-gpu=memory.free
     compute_capability: tuple[int, int] | None  # --query-gpu=compute_cap
     processes: tuple[GpuProcess, ...] = ()
 
@@ -81,7 +82,6 @@ class TorchInfo:
     mps_available: bool = False
     mps_recommended_max_bytes: int | None = None
     float32_matmul_precision: str = "highest"  # "high" or "medium" lets fp32 matmuls use TF32
-    cudnn_allow_tf32: bool = True
     triton_pin: str | None = None  # the triton release this torch wheel requires, if any
     warnings: tuple[str, ...] = ()  # what torch warned while being probed
 
@@ -146,7 +146,11 @@ def _probe_torch() -> tuple[TorchInfo | None, str | None]:
             torch = importlib.import_module("torch")
         except Exception as exc:  # a broken install raises anything from ImportError to OSError
             return None, _first_line(exc)
-        info = _torch_info(torch)
+        try:
+            info = _torch_info(torch)
+        except Exception as exc:  # a half-broken install: keep what the version says, record why
+            info = {"version": getattr(torch, "__version__", "unknown"), "cuda": None, "hip": None,
+                    "cuda_error": _first_line(exc)}
     seen = tuple(dict.fromkeys(str(w.message).strip() for w in caught))
     return TorchInfo(**{**info, "warnings": seen}), None
 
@@ -157,7 +161,6 @@ def _torch_info(torch) -> dict:
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "triton_pin": _triton_pin(),
     }
     with contextlib.suppress(Exception):
@@ -210,6 +213,38 @@ def _triton_pin() -> str | None:
     return None
 
 
+def _nvml_text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _try(call, default=None):
+    """One NVML query; a field the device or driver does not support is ``default``, not a crash."""
+    try:
+        return call()
+    except Exception:
+        return default
+
+
+def _nvml_device(pynvml, index: int) -> NvmlDevice:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    memory = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))  # NotSupported on unified-memory parts
+    cc = _try(lambda: tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)))
+    processes = []
+    for proc in _try(lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle), []):
+        if proc.pid != os.getpid():  # our own context is not "another process"
+            processes.append(GpuProcess(pid=proc.pid, name=_process_name(proc.pid),
+                                        used_memory_bytes=getattr(proc, "usedGpuMemory", None)))
+    return NvmlDevice(
+        index=index,
+        name=_nvml_text(_try(lambda: pynvml.nvmlDeviceGetName(handle), "unknown NVIDIA GPU")),
+        uuid=_nvml_text(_try(lambda: pynvml.nvmlDeviceGetUUID(handle), f"unknown-{index}")),
+        total_memory_bytes=int(memory.total) if memory else None,
+        free_memory_bytes=int(memory.free) if memory else None,
+        compute_capability=cc,  # type: ignore[arg-type]
+        processes=tuple(processes),
+    )
+
+
 def _probe_nvml() -> dict:
     """Driver version, the newest CUDA it supports, and every GPU with its processes, via NVML."""
     try:
@@ -220,47 +255,25 @@ def _probe_nvml() -> dict:
         pynvml.nvmlInit()
     except Exception as exc:  # no driver: NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return {"nvml_error": _first_line(exc)}
+    found: dict = {}
     try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()  # 1000 * major + 10 * minor
+        if (driver := _try(pynvml.nvmlSystemGetDriverVersion)) is not None:
+            found["driver_version"] = _nvml_text(driver)
+        if (cuda := _try(pynvml.nvmlSystemGetCudaDriverVersion_v2)) is not None:
+            found["driver_cuda"] = (cuda // 1000, (cuda % 1000) // 10)  # 1000 * major + 10 * minor
         devices = []
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            cc = None
-            with contextlib.suppress(Exception):
-                cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
-            processes = []
-            with contextlib.suppress(Exception):
-                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if proc.pid == os.getpid():  # our own context is not "another process"
-                        continue
-                    processes.append(GpuProcess(
-                        pid=proc.pid, name=_process_name(proc.pid),
-                        used_memory_bytes=getattr(proc, "usedGpuMemory", None),
-                    ))
-            devices.append(NvmlDevice(
-                index=i,
-                name=name.decode() if isinstance(name, bytes) else name,
-                uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
-                total_memory_bytes=int(memory.total),
-                free_memory_bytes=int(memory.free),
-                compute_capability=cc,
-                processes=tuple(processes),
-            ))
-        return {
-            "driver_version": driver,
-            "driver_cuda": (cuda // 1000, (cuda % 1000) // 10),
-            "nvml_devices": tuple(devices),
-        }
+            try:
+                devices.append(_nvml_device(pynvml, i))
+            except Exception as exc:  # a lost or fallen-off GPU: note it, keep the others
+                found["nvml_error"] = f"GPU {i}: {_first_line(exc)}"
+        found["nvml_devices"] = tuple(devices)
     except Exception as exc:
-        return {"nvml_error": _first_line(exc)}
+        found["nvml_error"] = _first_line(exc)
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
+    return found
 
 
 def _process_name(pid: int) -> str | None:
@@ -272,10 +285,16 @@ def _process_name(pid: int) -> str | None:
         return None
 
 
+TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "triton-windows")  # release, nightly, Windows port
+
+
 def _probe_triton(import_it: bool) -> dict:
-    try:
-        version = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
+    version = None
+    for dist in TRITON_DISTRIBUTIONS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            version = importlib.metadata.version(dist)
+            break
+    if version is None:
         return {"triton_error": "triton is not installed"}
     if import_it:
         try:
@@ -299,11 +318,30 @@ def _cpu_model(os_name: str) -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def _read_first(*paths: str) -> str | None:
+    for path in paths:
+        with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return None
+
+
 def _memory_limit_bytes() -> int | None:
-    """A cgroup v2 memory limit (a container's), if one is set."""
-    with contextlib.suppress(OSError, ValueError), open("/sys/fs/cgroup/memory.max", encoding="utf-8") as f:
-        text = f.read().strip()
-        return None if text == "max" else int(text)
+    """A container's memory limit (cgroup v2, else v1), if one is set."""
+    text = _read_first("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    with contextlib.suppress(TypeError, ValueError):
+        limit = int(text)  # type: ignore[arg-type]
+        return limit if limit < 2**60 else None  # v1 writes a huge number for "no limit"
+    return None
+
+
+def _cpu_quota() -> int | None:
+    """A container's CPU quota in whole cores (cgroup v2 cpu.max, else v1 cfs quota), if one is set."""
+    v2 = _read_first("/sys/fs/cgroup/cpu.max")
+    parts = v2.split() if v2 else [_read_first("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or "max",
+                                   _read_first("/sys/fs/cgroup/cpu/cpu.cfs_period_us") or "100000"]
+    with contextlib.suppress(ValueError, IndexError, ZeroDivisionError):
+        quota, period = int(parts[0]), int(parts[1])  # "max" (v2) or -1 (v1) means none
+        return max(1, math.ceil(quota / period)) if quota > 0 else None
     return None
 
 
@@ -316,6 +354,8 @@ def _probe_cpu(os_name: str) -> CpuInfo:
         total, available = limit, min(available, limit)
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
+    if (quota := _cpu_quota()) is not None:
+        usable = min(usable, quota)
     return CpuInfo(
         model=_cpu_model(os_name),
         physical_cores=psutil.cpu_count(logical=False),

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 Version = tuple[int, ...]
 
 # CUDA toolkit -> (Linux, Windows) driver shipped with it (Table 3, GA rows). Windows stopped
-# bundling the display driver with 13.x, so there is no Windows figure from then on.
-TOOLKIT_DRIVER: dict[tuple[int, int], tuple[Version, Version | None]] = {
+# bundling the display driver with 13.x, so NVIDIA gives no Windows figure from then on; there the
+# driver branch stands in (a one-part version: every R580 Windows driver is 580.xx or newer).
+TOOLKIT_DRIVER: dict[tuple[int, int], tuple[Version, Version]] = {
     (11, 8): ((520, 61, 5), (520, 6)),
     (12, 0): ((525, 60, 13), (527, 41)),
     (12, 1): ((530, 30, 2), (531, 14)),
@@ -29,18 +30,18 @@ TOOLKIT_DRIVER: dict[tuple[int, int], tuple[Version, Version | None]] = {
     (12, 6): ((560, 28, 3), (560, 76)),
     (12, 8): ((570, 26), (570, 65)),
     (12, 9): ((575, 51, 3), (576, 2)),
-    (13, 0): ((580, 65, 6), None),
-    (13, 1): ((590, 44, 1), None),
-    (13, 2): ((595, 45, 4), None),
-    (13, 3): ((610, 43, 2), None),
+    (13, 0): ((580, 65, 6), (580,)),
+    (13, 1): ((590, 44, 1), (590,)),
+    (13, 2): ((595, 45, 4), (595,)),
+    (13, 3): ((610, 43, 2), (610,)),
 }
 
 # Minor-version compatibility: a CUDA X.y binary runs on any driver at or above the X.x floor
 # (Table 2). Below it, torch says "The NVIDIA driver on your system is too old".
-MAJOR_FLOOR: dict[int, tuple[Version, Version | None]] = {
+MAJOR_FLOOR: dict[int, tuple[Version, Version]] = {
     11: ((450, 80, 2), (452, 39)),
     12: ((525, 60, 13), (527, 41)),
-    13: ((580, 65, 6), None),
+    13: ((580, 65, 6), (580,)),  # Windows: the R580 branch (see TOOLKIT_DRIVER)
 }
 
 # Driver branch -> the newest CUDA it supports (derived from Table 3; a branch not listed supports
@@ -53,12 +54,19 @@ BRANCH_MAX_CUDA: tuple[tuple[int, tuple[int, int]], ...] = (
 )  # fmt: skip
 
 # The first CUDA toolkit that supports an architecture; its driver is the oldest that runs the GPU.
-FIRST_CUDA_FOR_ARCH: dict[tuple[int, int], tuple[int, int]] = {
+# Keyed by compute capability; (major, None) covers every minor of that major.
+FIRST_CUDA_FOR_ARCH: dict[tuple[int, int | None], tuple[int, int]] = {
     (8, 9): (11, 8),  # Ada
-    (9, 0): (11, 8),  # Hopper
-    (10, 0): (12, 8),  # Blackwell datacenter (B200, GB200)
-    (12, 0): (12, 8),  # Blackwell consumer / workstation (RTX 50, RTX PRO)
+    (9, None): (11, 8),  # Hopper
+    (10, None): (12, 8),  # Blackwell datacenter (B200, GB200; B300 is 10.3)
+    (11, None): (13, 0),  # Thor
+    (12, None): (12, 8),  # Blackwell consumer / workstation (RTX 50, RTX PRO; GB10 is 12.1)
 }
+
+
+def first_cuda_for(cc: tuple[int, int]) -> tuple[int, int] | None:
+    """The oldest CUDA (hence driver) that supports compute capability ``cc``, where we know it."""
+    return FIRST_CUDA_FOR_ARCH.get(cc) or FIRST_CUDA_FOR_ARCH.get((cc[0], None))
 
 # PyTorch minor release -> CUDA wheel indexes on download.pytorch.org (RELEASE.md).
 WHEEL_INDEXES: dict[tuple[int, int], tuple[str, ...]] = {
@@ -72,6 +80,7 @@ WHEEL_INDEXES: dict[tuple[int, int], tuple[str, ...]] = {
     (2, 12): ("cu126", "cu130", "cu132"),
     (2, 13): ("cu126", "cu130", "cu132"),
     (2, 14): ("cu126", "cu130", "cu132"),
+    (2, 15): ("cu130", "cu132"),  # planned in RFC pytorch/pytorch#190385: cu126 removed
 }
 
 _MAXWELL_TO_HOPPER = ((5, 0), (6, 0), (7, 0), (7, 5), (8, 0), (8, 6), (9, 0))
@@ -114,7 +123,7 @@ def driver_max_cuda(driver: Version) -> tuple[int, int] | None:
 class DriverNeed:
     """What a CUDA build needs of the driver: the floor to run at all and the toolkit's own driver."""
 
-    floor: Version | None  # below this the wheel does not run
+    floor: Version | None  # below this the wheel does not run; None where we have no table row
     toolkit_driver: Version | None  # at or above this, PTX JIT (and every API) works too
 
 
@@ -136,7 +145,8 @@ def index_cuda(index: str) -> tuple[int, int]:
 
 
 def format_version(version: Version) -> str:
-    return ".".join(f"{p:02d}" if i == 2 else str(p) for i, p in enumerate(version))
+    """NVIDIA's spelling: "580.65.06", "576.02" (parts after the branch have two digits)."""
+    return ".".join(f"{p:02d}" if i else str(p) for i, p in enumerate(version))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,8 +172,9 @@ def choose_wheel(
     """The newest CUDA wheel index of this PyTorch release that the driver runs and that has SASS
     for every GPU; ``None`` when no index fits (then the driver or the torch release must change)."""
     release = parse_version(torch_version)[:2]
-    known = sorted(WHEEL_INDEXES)
-    indexes = WHEEL_INDEXES.get(release) or WHEEL_INDEXES[known[-1] if release > known[-1] else known[0]]
+    indexes = WHEEL_INDEXES.get(release)  # type: ignore[arg-type]
+    if indexes is None:  # a release we have no table for: better no advice than wrong advice
+        return None
     base = ".".join(str(p) for p in parse_version(torch_version)[:3])
     fitting = [i for i in reversed(indexes)
                if all(has_sass(cc, wheel_archs(release, i)) for cc in capabilities)]
@@ -183,16 +194,23 @@ def has_sass(cc: tuple[int, int], archs: tuple[tuple[int, int], ...]) -> bool:
     return any(a[0] == cc[0] and a[1] <= cc[1] for a in archs)
 
 
-def parse_arch_list(arch_list: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
-    """torch.cuda.get_arch_list() -> (SASS capabilities, PTX capabilities).
+def arch_coverage(cc: tuple[int, int], arch_list: tuple[str, ...]) -> str | None:
+    """How a wheel with ``arch_list`` (torch.cuda.get_arch_list()) runs on compute capability ``cc``:
+    "sass" (native code), "ptx" (JIT-compiled by the driver at first use) or None (it does not).
 
-    >>> parse_arch_list(("sm_80", "sm_90", "compute_120"))
-    (((8, 0), (9, 0)), ((12, 0),))
+    >>> arch_coverage((8, 9), ("sm_80", "sm_86")), arch_coverage((10, 3), ("sm_100a",))
+    ('sass', None)
     """
-    sass, ptx = [], []
+    best = None
     for arch in arch_list:
-        match = re.fullmatch(r"(sm|compute)_(\d+)(\d)[a-z]?", arch)
-        if match:
-            cc = (int(match.group(2)), int(match.group(3)))
-            (sass if match.group(1) == "sm" else ptx).append(cc)
-    return tuple(sass), tuple(ptx)
+        match = re.fullmatch(r"(sm|compute)_(\d+)(\d)([af]?)", arch)
+        if not match:
+            continue
+        kind, target, suffix = match.group(1), (int(match.group(2)), int(match.group(3))), match.group(4)
+        if kind == "sm":
+            # sm_XYa runs on X.Y only; sm_XYf on the family X.Z with Z >= Y; plain sm_XY likewise.
+            if (suffix == "a" and cc == target) or (suffix != "a" and has_sass(cc, (target,))):
+                return "sass"
+        elif suffix != "a" and target <= cc:
+            best = "ptx"
+    return best

@@ -36,7 +36,10 @@ def parse_bytes(text: str) -> int:
             f"cannot read the size {text!r}",
             hint="write a number and a unit, e.g. 24GB (10^9 bytes) or 24GiB (2^30 bytes)",
         )
-    return round(float(match.group(1)) * _UNITS[unit])
+    value = float(match.group(1)) * _UNITS[unit]
+    if value >= 2**63:
+        raise GpuwiseError(f"the size {text!r} is too large", hint="give a size below 8 EiB, e.g. 80GB")
+    return round(value)
 
 
 def human_bytes(n: float | None, *, binary: bool = True) -> str:

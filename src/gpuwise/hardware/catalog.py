@@ -165,6 +165,19 @@ class Catalog:
         """The row whose key, name or alias matches ``name`` once normalised, else None."""
         return self._by_name.get(normalize_name(name))
 
+    def match_device(self, name: str, memory_bytes: int | None = None) -> Accelerator | None:
+        """The row for a device as the driver names it, if its memory agrees with the row.
+
+        Names are ambiguous across memory variants ("NVIDIA GeForce RTX 3060" is a 12 GB and an 8 GB
+        card; torch names every Jetson "Orin"), so a device whose memory is not 90-102% of the
+        row's is not that row. Apple chips come with several memory sizes under one name, and the
+        row holds the largest: they are matched by name alone.
+        """
+        row = self.find(name)
+        if row is None or memory_bytes is None or row.vendor == "Apple":
+            return row
+        return row if 0.90 * row.memory_bytes <= memory_bytes <= 1.02 * row.memory_bytes else None
+
     def get(self, name: str) -> Accelerator:
         """The row for ``name``; an unknown name raises an error that lists the closest names."""
         if found := self.find(name):
@@ -190,8 +203,10 @@ class Catalog:
         min_memory_bytes: int | None = None,
     ) -> list[Accelerator]:
         """Rows matching every given filter, in catalog order."""
-        if segment is not None and segment not in SEGMENTS:
-            raise GpuwiseError(f"unknown segment {segment!r}", hint=f"use one of {', '.join(SEGMENTS)}")
+        if segment is not None:
+            if segment.lower() not in SEGMENTS:
+                raise GpuwiseError(f"unknown segment {segment!r}", hint=f"use one of {', '.join(SEGMENTS)}")
+            segment = segment.lower()
         if vendor is not None:
             by_lower = {v.lower(): v for v in VENDORS}
             if vendor.lower() not in by_lower:

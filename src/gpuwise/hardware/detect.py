@@ -45,9 +45,9 @@ def describe_local(env: Environment, catalog: Catalog) -> LocalMachine:
             f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}"
         devices.append(LocalDevice(
             backend=backend, index=dev.index, name=dev.name,
-            memory_total_bytes=nvml.total_memory_bytes if nvml else dev.total_memory_bytes,
+            memory_total_bytes=dev.total_memory_bytes,
             memory_free_bytes=nvml.free_memory_bytes if nvml else None,
-            arch=arch, catalog_match=catalog.find(dev.name),
+            arch=arch, catalog_match=catalog.match_device(dev.name, dev.total_memory_bytes),
         ))
     for nvml in env.nvml_devices:
         if nvml.uuid in seen_uuids:
@@ -57,7 +57,8 @@ def describe_local(env: Environment, catalog: Catalog) -> LocalMachine:
         devices.append(LocalDevice(
             backend="cuda", index=None, name=nvml.name,
             memory_total_bytes=nvml.total_memory_bytes, memory_free_bytes=nvml.free_memory_bytes,
-            arch=f"sm_{cc[0]}{cc[1]}" if cc else None, catalog_match=catalog.find(nvml.name),
+            arch=f"sm_{cc[0]}{cc[1]}" if cc else None,
+            catalog_match=catalog.match_device(nvml.name, nvml.total_memory_bytes),
             note="hidden by CUDA_VISIBLE_DEVICES" if hidden else "not usable by this torch (see gpuwise doctor)",
         ))
     if env.torch and env.torch.mps_available:
@@ -65,8 +66,8 @@ def describe_local(env: Environment, catalog: Catalog) -> LocalMachine:
             backend="mps", index=0, name=env.cpu.model,
             memory_total_bytes=env.cpu.memory_total_bytes,
             memory_free_bytes=env.torch.mps_recommended_max_bytes,
-            arch=None, catalog_match=catalog.find(env.cpu.model),
-            note="unified memory, shared with the CPU",
+            arch=None, catalog_match=catalog.match_device(env.cpu.model),
+            note="unified memory, shared with the CPU; the catalog row is the largest GPU of that chip",
         ))
     devices.append(LocalDevice(
         backend="cpu", index=None, name=env.cpu.model,
