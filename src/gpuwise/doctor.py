@@ -7,6 +7,7 @@ environment by hand. Compatibility facts come from ``gpuwise.stack``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -92,9 +93,7 @@ def _wheel_fix(env: Environment, *, fallback: str) -> str:
 
 
 def _names(devices: tuple[TorchDevice, ...] | tuple[NvmlDevice, ...]) -> str:
-    counts: dict[str, int] = {}
-    for d in devices:
-        counts[d.name] = counts.get(d.name, 0) + 1
+    counts = Counter(d.name for d in devices)
     return ", ".join(f"{n} x{c}" if c > 1 else n for n, c in counts.items())
 
 
