@@ -45,7 +45,7 @@ def cuda_env(*, name="NVIDIA H100 80GB HBM3", cc=(9, 0), count=1, driver="580.82
     """A Linux machine with `count` identical NVIDIA GPUs that a CUDA build of torch sees."""
     info = TorchInfo(
         version=f"2.13.0+cu{cuda.replace('.', '')}", cuda=cuda, hip=None, arch_list=archs,
-        cuda_available=True, devices=tuple(gpu(name, cc, index=i) for i in range(count)),
+        devices=tuple(gpu(name, cc, index=i) for i in range(count)),
         cudnn_version=92000, nccl_version="2.28.9", float32_matmul_precision="high", triton_pin="3.6.0",
     )
     env = cpu_env(

@@ -186,7 +186,7 @@ def test_cuda_visible_devices_hiding_some_gpus_is_noted():
 
 def test_driver_sees_gpus_torch_does_not():
     env = cuda_env(torch_changes={
-        "devices": (), "cuda_available": False,
+        "devices": (),
         "warnings": ("CUDA initialization: The NVIDIA driver on your system is too old (found version 12020)",)})
     finding = check_gpu(env)
     assert finding.status == "fail" and "found version 12020" in finding.message
@@ -198,7 +198,6 @@ def test_gpus_listed_with_counts():
 
 def test_rocm_gpu_visible_and_missing():
     rocm = TorchInfo(version="2.13.0+rocm7.2", cuda=None, hip="7.2.26015", arch_list=("gfx90a", "gfx942"),
-                     cuda_available=True,
                      devices=(replace(gpu("AMD Instinct MI300X", (9, 4)), gcn_arch="gfx942:sramecc+:xnack-"),),
                      cudnn_version=3004000, nccl_version="2.27.3")
     env = cpu_env(torch=rocm)
@@ -213,7 +212,6 @@ def test_rocm_gpu_visible_and_missing():
 
 def test_rocm_arch_missing_suggests_the_override():
     rocm = TorchInfo(version="2.13.0+rocm7.2", cuda=None, hip="7.2.26015", arch_list=("gfx90a", "gfx942"),
-                     cuda_available=True,
                      devices=(replace(gpu("AMD Radeon RX 6700 XT", (10, 3)), gcn_arch="gfx1031"),))
     finding = check_arch(cpu_env(torch=rocm))
     assert finding.status == "fail" and "HSA_OVERRIDE_GFX_VERSION=10.3.0" in finding.fix

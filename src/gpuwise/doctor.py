@@ -15,14 +15,15 @@ from typing import Literal
 from gpuwise.environment import Environment, NvmlDevice, TorchDevice
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.stack import (
-    TOOLKIT_DRIVER,
     arch_coverage,
+    base_version,
     choose_wheel,
     driver_max_cuda,
     driver_need,
     first_cuda_for,
     format_version,
     parse_version,
+    sm_name,
 )
 from gpuwise.units import GiB, human_bytes
 
@@ -69,11 +70,12 @@ class DoctorReport:
 
 
 def _torch_base(env: Environment) -> str:
-    return ".".join(map(str, parse_version(env.torch.version)[:3])) if env.torch else "2.13.0"
+    return base_version(env.torch.version) if env.torch else "2.13.0"
 
 
-def _sm(cc: tuple[int, int]) -> str:
-    return f"sm_{cc[0]}{cc[1]}"
+def _build_cuda(env: Environment) -> tuple[int, int]:
+    """The CUDA the torch wheel was built with, e.g. (13, 0); only for CUDA builds."""
+    return tuple(parse_version(env.torch.cuda)[:2])  # type: ignore[arg-type, union-attr, return-value]
 
 
 def _is_cuda(env: Environment) -> bool:
@@ -165,14 +167,14 @@ def check_driver(env: Environment) -> Finding | None:
         if needed and driver < needed:
             return Finding(
                 check="driver", status="fail",
-                message=(f"{dev.name} ({_sm(dev.compute_capability)}) needs driver >= "
+                message=(f"{dev.name} ({sm_name(dev.compute_capability)}) needs driver >= "
                          f"{format_version(needed)} (CUDA {first[0]}.{first[1]}); this is {env.driver_version}"),
                 fix=f"upgrade the NVIDIA driver to R{needed[0]} or newer",
             )
     if not _is_cuda(env):
         return Finding(check="driver", status="ok", message=f"NVIDIA {_driver_text(env)}")
-    cuda = tuple(parse_version(env.torch.cuda)[:2])
-    need = driver_need(cuda, env.os)  # type: ignore[arg-type]
+    cuda = _build_cuda(env)
+    need = driver_need(cuda, env.os)
     build = f"torch's CUDA {env.torch.cuda} build"
     supported = env.driver_cuda or driver_max_cuda(driver)
     too_old = need.floor is not None and driver < need.floor
@@ -254,7 +256,7 @@ def check_gpu(env: Environment) -> Finding | None:
                        message=f"the driver sees {_names(env.nvml_devices)} but torch sees no GPU ({reason})",
                        fix="fix the driver finding above if there is one; otherwise run nvidia-smi and "
                            "python -c 'import torch; torch.cuda.init()' to see the error")
-    need = driver_need(tuple(parse_version(torch.cuda)[:2]), env.os).floor  # type: ignore[arg-type]
+    need = driver_need(_build_cuda(env), env.os).floor
     floor = f" (>= {format_version(need)} for this build)" if need else ""
     return Finding(
         check="gpu", status="warn",
@@ -279,20 +281,20 @@ def check_arch(env: Environment) -> Finding | None:
         if coverage == "sass":
             continue
         driver = parse_version(env.driver_version) if env.driver_version else None
-        toolkit = TOOLKIT_DRIVER.get(tuple(parse_version(env.torch.cuda or "")[:2]))  # type: ignore[arg-type]
-        jit_ok = driver is None or toolkit is None or driver >= toolkit[1 if env.os == "Windows" else 0]
-        fix = _wheel_fix(env, fallback=f"no wheel of torch {_torch_base(env)} that we know has {_sm(cc)}: "
+        toolkit = driver_need(_build_cuda(env), env.os).toolkit_driver
+        jit_ok = driver is None or toolkit is None or driver >= toolkit
+        fix = _wheel_fix(env, fallback=f"no wheel of torch {_torch_base(env)} that we know has {sm_name(cc)}: "
                                        "see https://pytorch.org/get-started/locally/")
         if coverage == "ptx" and jit_ok:
             return Finding(check="arch", status="warn",
-                           message=(f"{dev.name} ({_sm(cc)}) has no native kernels in this build ({built}); "
+                           message=(f"{dev.name} ({sm_name(cc)}) has no native kernels in this build ({built}); "
                                     "it runs through PTX JIT: slow first launches, some kernels slower"),
                            fix=fix)
         return Finding(check="arch", status="fail",
-                       message=(f"{dev.name} is {_sm(cc)} but this build has kernels for {built}: expect "
+                       message=(f"{dev.name} is {sm_name(cc)} but this build has kernels for {built}: expect "
                                 "'no kernel image is available for execution on the device'"),
                        fix=fix)
-    archs = sorted({_sm(d.compute_capability) for d in env.gpus})
+    archs = sorted({sm_name(d.compute_capability) for d in env.gpus})
     return Finding(check="arch", status="ok",
                    message=f"native kernels for {', '.join(archs)} are in this build")
 
@@ -328,7 +330,7 @@ def check_precision(env: Environment) -> Finding | None:
                                                   "no fast bf16: train in fp16-mixed with a GradScaler"))
     if dev.compute_capability < (8, 0):
         return Finding(check="precision", status="ok",
-                       message=(f"{dev.name} ({_sm(dev.compute_capability)}) has no bf16 or TF32 tensor cores: "
+                       message=(f"{dev.name} ({sm_name(dev.compute_capability)}) has no bf16 or TF32 tensor cores: "
                                 "train in fp16-mixed with a GradScaler"))
     tf32_on = env.torch.float32_matmul_precision in ("high", "medium")
     if tf32_on:

@@ -72,7 +72,6 @@ class TorchInfo:
     cuda: str | None  # torch.version.cuda: the CUDA the wheel was built with
     hip: str | None  # torch.version.hip: the ROCm it was built with
     arch_list: tuple[str, ...] = ()  # torch.cuda.get_arch_list()
-    cuda_available: bool = False
     cuda_error: str | None = None  # why torch.cuda could not list devices
     devices: tuple[TorchDevice, ...] = ()
     cudnn_version: int | None = None  # e.g. 91002 for 9.10.2
@@ -171,10 +170,10 @@ def _torch_info(torch) -> dict:
     if not (info["cuda"] or info["hip"]):
         return info
     try:
-        info["cuda_available"] = bool(torch.cuda.is_available())
+        available = torch.cuda.is_available()
         info["arch_list"] = tuple(torch.cuda.get_arch_list())
         devices = []
-        for i in range(torch.cuda.device_count() if info["cuda_available"] else 0):
+        for i in range(torch.cuda.device_count() if available else 0):
             props = torch.cuda.get_device_properties(i)
             uuid = getattr(props, "uuid", None)
             devices.append(TorchDevice(
@@ -188,7 +187,6 @@ def _torch_info(torch) -> dict:
             ))
         info["devices"] = tuple(devices)
     except Exception as exc:
-        info["cuda_available"] = False
         info["cuda_error"] = _first_line(exc)
     try:
         info["cudnn_version"] = torch.backends.cudnn.version()

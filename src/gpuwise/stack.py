@@ -110,6 +110,16 @@ def parse_version(text: str) -> Version:
     return tuple(parts)
 
 
+def base_version(text: str) -> str:
+    """The release a version string names: "2.13.0+cu130" -> "2.13.0"."""
+    return ".".join(str(p) for p in parse_version(text)[:3])
+
+
+def sm_name(cc: tuple[int, int]) -> str:
+    """(9, 0) -> "sm_90", as CUDA and torch.cuda.get_arch_list() spell it."""
+    return f"sm_{cc[0]}{cc[1]}"
+
+
 def driver_max_cuda(driver: Version) -> tuple[int, int] | None:
     """The newest CUDA a driver version supports, from its branch (R550 -> 12.4)."""
     best = None
@@ -175,7 +185,7 @@ def choose_wheel(
     indexes = WHEEL_INDEXES.get(release)  # type: ignore[arg-type]
     if indexes is None:  # a release we have no table for: better no advice than wrong advice
         return None
-    base = ".".join(str(p) for p in parse_version(torch_version)[:3])
+    base = base_version(torch_version)
     fitting = [i for i in reversed(indexes)
                if all(has_sass(cc, wheel_archs(release, i)) for cc in capabilities)]
     # Prefer a build whose own toolkit driver is installed (full compatibility, PTX JIT works);

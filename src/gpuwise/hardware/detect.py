@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpuwise.environment import CpuInfo, Environment
 from gpuwise.hardware.catalog import Accelerator, Catalog
+from gpuwise.stack import sm_name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,8 +42,7 @@ def describe_local(env: Environment, catalog: Catalog) -> LocalMachine:
             nvml = env.nvml_devices[0]  # one GPU each side: the same card even without a UUID
         if nvml is not None:
             seen_uuids.add(nvml.uuid)
-        arch = (dev.gcn_arch or "").split(":")[0] if backend == "rocm" else \
-            f"sm_{dev.compute_capability[0]}{dev.compute_capability[1]}"
+        arch = (dev.gcn_arch or "").split(":")[0] if backend == "rocm" else sm_name(dev.compute_capability)
         devices.append(LocalDevice(
             backend=backend, index=dev.index, name=dev.name,
             memory_total_bytes=dev.total_memory_bytes,
@@ -57,7 +57,7 @@ def describe_local(env: Environment, catalog: Catalog) -> LocalMachine:
         devices.append(LocalDevice(
             backend="cuda", index=None, name=nvml.name,
             memory_total_bytes=nvml.total_memory_bytes, memory_free_bytes=nvml.free_memory_bytes,
-            arch=f"sm_{cc[0]}{cc[1]}" if cc else None,
+            arch=sm_name(cc) if cc else None,
             catalog_match=catalog.match_device(nvml.name, nvml.total_memory_bytes),
             note="hidden by CUDA_VISIBLE_DEVICES" if hidden else "not usable by this torch (see gpuwise doctor)",
         ))
