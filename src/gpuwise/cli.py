@@ -120,6 +120,72 @@ def gpus(
         render.render_catalog(rows, _console())
 
 
+@app.command()
+def plan(
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="A built-in model (see --list-models) or path/to/file.py:function, where "
+        "function(batch_size) returns (model, inputs).")] = None,
+    hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
+    list_models: Annotated[bool, typer.Option("--list-models", help="List the built-in models and exit.")] = False,
+    task: Annotated[str | None, typer.Option(help="train, finetune-lora or infer.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Micro-batch per GPU.")] = None,
+    seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
+    image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adamw or sgd (momentum 0.9).")] = None,
+    checkpointing: Annotated[str | None, typer.Option(help="none or full (recompute every block).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step.")] = None,
+    n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
+    sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
+    lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
+    qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
+    gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
+                                                 "fit (default: every catalog GPU; remedies for h100-sxm).")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the memory timeline to this PNG file.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Simulate one training or inference step on fake tensors: exact peak memory, FLOPs and fit.
+
+    Examples: gpuwise plan --model gpt2 --batch 8; gpuwise plan --model llama3-8b --gpu h100 --seq 8192;
+    gpuwise plan --model llama2-7b --task finetune-lora --qlora --gpu rtx-4090;
+    gpuwise plan --model my_net.py:build --batch 32 --json
+    """
+    from gpuwise import render
+
+    if list_models:
+        if model or hf_config:
+            raise GpuwiseError("--list-models takes no model", "run 'gpuwise plan --list-models' alone")
+        from gpuwise.models import MODELS
+
+        if json_out:
+            render.print_json([{"name": m.name, "params": m.published_params, "blocks": m.n_layer,
+                                "inputs": m.inputs, "default_seq": m.default_seq,
+                                "default_image_size": m.default_image_size, "source": m.source}
+                               for m in MODELS.values()])
+        else:
+            render.render_models(list(MODELS.values()), _console())
+        return
+    if plot is not None and not plot.lower().endswith(".png"):
+        raise GpuwiseError(f"--plot {plot}: the picture is a PNG", f"pass --plot {plot.rsplit('.', 1)[0]}.png")
+    from gpuwise.planning import Setup, plan_model
+
+    given = {"task": task, "batch": batch, "seq": seq, "image_size": image_size, "precision": precision,
+             "optimizer": optimizer, "checkpointing": checkpointing, "grad_accum": grad_accum, "gpus": n_gpus,
+             "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None}
+    setup = Setup(**{k: v for k, v in given.items() if v is not None})
+    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu)
+    if plot is not None:
+        from gpuwise.plot import plot_plan
+
+        plot_plan(result, plot)
+    if json_out:
+        render.print_json(render.plan_json(result))
+    else:
+        render.render_plan(result, _console())
+        if plot is not None:
+            print(f"timeline drawn to {plot}")
+
+
 def _usage_error_types() -> tuple[type[BaseException], ...]:
     """Click's usage-error base class, wherever this typer keeps click (vendored or not)."""
     return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")

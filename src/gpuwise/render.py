@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -15,6 +15,10 @@ from gpuwise.doctor import DoctorReport
 from gpuwise.hardware.catalog import DTYPES, Accelerator
 from gpuwise.hardware.detect import LocalMachine
 from gpuwise.units import human_bytes
+
+if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
+    from gpuwise.models import ZooModel
+    from gpuwise.planning.plan import MemoryPlan
 
 _STATUS_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
 
@@ -153,3 +157,98 @@ def local_json(machine: LocalMachine) -> dict[str, Any]:
     for device, raw in zip(data["devices"], machine.devices, strict=True):
         device["catalog_match"] = raw.catalog_match.key if raw.catalog_match else None
     return data
+
+
+# ---------------------------------------------------------------------------------------------
+# plan
+
+
+def _count(n: int) -> str:
+    """Parameters as people say them: 124.4 M, 6.74 B."""
+    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.4g} M" if n >= 1e6 else f"{n:,}"
+
+
+def plan_json(plan: MemoryPlan) -> dict[str, Any]:
+    """Every field of the plan but the timeline arrays."""
+    skip = {"timeline", "timeline_phases"}
+    data = {f.name: to_jsonable(getattr(plan, f.name)) for f in dataclasses.fields(plan) if f.name not in skip}
+    for remedy in data["remedies"]:
+        remedy.pop("setup")
+    for fit in data["gpus"]:
+        fit["fits"] = fit["status"] != "no"
+    return data
+
+
+_FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
+
+
+def render_plan(plan: MemoryPlan, console: Console) -> None:
+    s = plan.setup
+    console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
+                  f"{'tokens' if plan.tokens_per_step > s.batch * s.grad_accum else 'samples'} per step")
+    head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column(overflow="fold")
+    trainable = f" ({_count(plan.trainable_params)} trainable)" if plan.trainable_params != plan.params else ""
+    head.add_row("parameters", f"{_count(plan.params)}{trainable}")
+    per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
+    head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per token; matmuls and attention)")
+    head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
+                 f"{human_bytes(plan.overhead_bytes)} CUDA context and workspaces")
+    if s.training:
+        head.add_row("activations", f"{human_bytes(plan.activations_bytes)} saved for backward at the end of forward")
+    if plan.captured_blocks:
+        head.add_row("captured", "2 and 3 blocks on fake tensors, scaled to the full stack")
+    if plan.uncosted:
+        head.add_row("uncosted ops", Text(", ".join(f"{op} x{n}" for op, n in sorted(plan.uncosted.items()))
+                                          + " (no FLOP formula: not counted)", style="yellow"))
+    console.print(head)
+
+    total = max(plan.peak_bytes, 1)
+    at_peak = Table(title="memory at the peak", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    at_peak.add_column("category", no_wrap=True)
+    at_peak.add_column("bytes", justify="right", no_wrap=True)
+    at_peak.add_column("share", justify="right", no_wrap=True)
+    at_peak.add_column("", no_wrap=True)
+    for cat, value in plan.breakdown.items():
+        if value:
+            at_peak.add_row(cat, human_bytes(value), f"{100 * value / total:.0f}%", "█" * round(30 * value / total))
+    console.print(at_peak)
+
+    fits = Table(title=f"fit (needs = peak + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
+                 padding=(0, 1), pad_edge=False)
+    for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
+                         ("fits", "left"), ("max batch", "right")):
+        fits.add_column(col, justify=justify, no_wrap=True)
+    for f in plan.gpus:
+        head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
+        fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
+                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch) if s.training or f.max_batch else "0")
+    console.print(fits)
+    if plan.remedies:
+        rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before",
+                    box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        rem.add_column("change", overflow="fold")
+        rem.add_column("flags", overflow="fold", style="cyan")
+        rem.add_column("needs", justify="right", no_wrap=True)
+        rem.add_column("fits", no_wrap=True)
+        for r in plan.remedies:
+            rem.add_row(r.name, r.flags, human_bytes(r.required_bytes),
+                        Text("yes", style="green") if r.fits else Text("no", style="red"))
+        console.print(rem)
+    elif plan.gpus and not any(f.fits for f in plan.gpus):
+        console.print(f"fits none of these; pass --gpu NAME for remedies ({plan.gpu} by default)")
+
+
+def render_models(models: list[ZooModel], console: Console) -> None:
+    table = Table(title="built-in models (gpuwise plan --model NAME)", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  pad_edge=False)
+    for col, justify in (("name", "left"), ("params", "right"), ("blocks", "right"), ("input", "left"),
+                         ("default", "right")):
+        table.add_column(col, justify=justify, no_wrap=True)
+    for m in models:
+        default = f"{m.default_seq} tokens" if m.default_seq else f"{m.default_image_size}px" if m.default_image_size \
+            else f"{m.config.in_features} features"
+        table.add_row(m.name, _count(m.published_params), str(m.n_layer or "-"),
+                      m.inputs, default)
+    console.print(table)

@@ -1,0 +1,94 @@
+"""GPT-2 (Radford et al. 2019), written as nanoGPT writes it: pre-LayerNorm blocks, a 4h GELU MLP,
+learned positions and an LM head tied to the token embedding. Attention runs through SDPA."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpuwise.models.common import KVCache, lm_loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int = 50257
+    block_size: int = 1024  # learned positions, hence the longest sequence
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
+        if cache is not None:  # prefill: keep K and V for the tokens to come
+            cache[0][:, :, :t].copy_(k)
+            cache[1][:, :, :t].copy_(v)
+            k, v = cache[0][:, :, :t], cache[1][:, :, :t]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
+        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None
+    ) -> torch.Tensor:
+        t = idx.shape[1]
+        if t > self.cfg.block_size:
+            raise ValueError(f"sequence of {t} tokens is longer than GPT-2's {self.cfg.block_size} positions")
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if kv_cache is None else kv_cache[i])
+        logits = self.lm_head(self.ln_f(x))
+        return logits if targets is None else lm_loss(logits, targets)
+
+    def kv_cache_shape(self, batch: int, seq: int) -> tuple[int, int, int, int]:
+        return (batch, self.cfg.n_head, seq, self.cfg.n_embd // self.cfg.n_head)

@@ -1,0 +1,87 @@
+"""CUDA behaviour the CPU path does not have, emulated on CPU tensors: autocast's op lists, and dropout.
+
+Dropout: on the CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype and saves it (2 or
+4 bytes per element); CUDA runs the fused ``native_dropout`` (aten/src/ATen/native/Dropout.cpp,
+``is_fused_kernel_acceptable``), whose mask is bool, 1 byte, as Korthikanti et al. count it.
+
+Autocast:
+
+The plan runs on fake CPU tensors, but CPU autocast keeps different ops in fp32 than CUDA autocast
+does: on the CPU ``layer_norm``, ``softmax``, ``log_softmax``, ``exp``, ``pow`` and ``sum`` stay in
+bf16, on CUDA they run (and save their outputs) in fp32. Memory follows those dtypes, so we apply
+CUDA's op lists ourselves, above autograd as the real autocast does: the casts are recorded by
+autograd and their outputs are what backward saves.
+
+Op lists: PyTorch docs, "Automatic Mixed Precision package - torch.amp", sections "CUDA Ops that can
+autocast to float16" and "CUDA Ops that can autocast to float32" (unchanged from 2.5 to 2.14).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+LOWER_PRECISION = frozenset({
+    "__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul",
+    "multi_dot", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "conv_tbc", "GRUCell", "linear", "LSTMCell", "matmul", "mm", "mv", "prelu", "RNNCell",
+    "scaled_dot_product_attention", "_convolution", "convolution",
+})
+FLOAT32 = frozenset({
+    "__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin", "binary_cross_entropy_with_logits", "cosh",
+    "cosine_embedding_loss", "cdist", "cosine_similarity", "cross_entropy", "cumprod", "cumsum", "dist", "erfinv",
+    "exp", "expm1", "group_norm", "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log", "log_softmax",
+    "log10", "log1p", "log2", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss",
+    "nll_loss", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod", "reciprocal", "rsqrt", "sinh",
+    "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "sum", "renorm", "tan",
+    "triplet_margin_loss",
+})
+
+
+class CudaEmulation(TorchFunctionMode):
+    """Run CPU tensors as CUDA would: dropout through ``native_dropout``, and with ``autocast`` set, cast
+    arguments as ``torch.autocast("cuda", autocast)`` does.
+
+    Like CUDA autocast, casts of leaf tensors that require grad (the weights) are cached for the whole
+    forward pass, so each weight is cast once; ``cache=False`` for the recomputation that activation
+    checkpointing runs during backward (the real one opens a fresh autocast there). One mode does both:
+    checkpointing's early stop raises through the recomputation, and two stacked modes lose their order.
+    """
+
+    def __init__(self, autocast: torch.dtype | None = None, *, cache: bool = True) -> None:
+        super().__init__()
+        self.dtype = autocast
+        self.cache = cache
+        self._cached: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _cast(self, x: object, dtype: torch.dtype) -> object:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype in (dtype, torch.float64):
+            return x
+        if self.cache and x.is_leaf and x.requires_grad:
+            hit = self._cached.get(id(x))
+            if hit is None or hit[0] is not x:
+                hit = (x, x.to(dtype))
+                self._cached[id(x)] = hit
+            return hit[1]
+        return x.to(dtype)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "dropout":
+            x = args[0]
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            train = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
+            inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+            if train and 0 < p < 1 and not inplace and isinstance(x, torch.Tensor) and x.numel():
+                return torch.native_dropout(x, p, True)[0]
+        elif self.dtype is not None and name in LOWER_PRECISION:
+            args, kwargs = tree_map(lambda x: self._cast(x, self.dtype), (args, kwargs))
+        elif self.dtype is not None and name in FLOAT32:
+            args, kwargs = tree_map(lambda x: self._cast(x, torch.float32), (args, kwargs))
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        self._cached.clear()  # CUDA autocast drops its cast cache when the outermost region exits
+        return super().__exit__(*exc)

@@ -1,0 +1,228 @@
+"""Run one real step of the model on fake tensors and record it with the Tracker.
+
+The step is the one the user would run: forward, loss, backward, optimizer step. The optimizer steps once
+beforehand (on zero gradients), so its state exists, and the step recorded is the steady state: with
+``zero_grad(set_to_none=True)`` every point of step 2 holds at least what step 1 held.
+
+GPU-specific choices (besides those in tracker.py and autocast.py):
+- AdamW and SGD run with ``foreach=True``, PyTorch's default for CUDA parameters (the CPU default
+  is the per-parameter loop); foreach AdamW allocates a temporary the size of the optimizer's
+  second moment (``_foreach_sqrt``) during the step.
+- Mixed precision uses CUDA's autocast op lists (autocast.py), not the CPU's.
+- With gradient accumulation two micro-batches are recorded: from the second one on, the
+  gradients of the first are alive during forward and backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from gpuwise.planning.autocast import CudaEmulation
+from gpuwise.planning.setup import Setup
+from gpuwise.planning.source import Built
+from gpuwise.planning.tracker import Tracker
+from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capture:
+    """One recorded step at one batch size (and, for scaled models, one number of blocks)."""
+
+    batch: int
+    n_layer: int | None
+    labels: tuple[tuple[str, int | None], ...]  # (phase, block) of each sample
+    ops: tuple[str, ...]
+    live: np.ndarray = field(repr=False)  # (samples, categories) bytes
+    end_of_forward: int
+    flops_per_step: int  # one optimizer step: grad_accum micro-batches
+    flops_by_op: dict[str, int]
+    bytes_per_step: int
+    uncosted: dict[str, int]
+    params: int
+    trainable_params: int
+    block_params: int  # parameters of the largest block (what FSDP gathers at once)
+    measured_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated() over the step, on a real GPU
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Build modules in ``dtype``: ``module.to(dtype)`` cannot swap fake parameters."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _hook_blocks(blocks: nn.ModuleList, tracker: Tracker) -> list:
+    """Label samples with the block that runs them: forward hooks, and in backward a gradient hook on
+    each block's output (it fires when that block's backward starts)."""
+
+    def enter(i: int):
+        def hook(_grad):
+            tracker.block = i
+
+        return hook
+
+    handles = []
+    for i, block in enumerate(blocks):
+        def pre(_mod, args, i=i):
+            if tracker.phase != "forward":
+                return
+            tracker.block = i
+            x = args[0] if args else None
+            if i == 0 and isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(enter(-1))  # block 0's backward ends when its input's gradient is ready
+
+        def post(_mod, _args, out, i=i):
+            if tracker.phase != "forward":
+                return
+            tracker.block = None
+            y = out[0] if isinstance(out, tuple) else out
+            if isinstance(y, torch.Tensor) and y.requires_grad:
+                y.register_hook(enter(i))
+
+        handles.append(block.register_forward_pre_hook(pre))
+        handles.append(block.register_forward_hook(post))
+    return handles
+
+
+def _make_optimizer(setup: Setup, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    if setup.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
+    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+
+
+def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def _emulation(setup: Setup, device: str, *, autocast: bool, cache: bool):
+    """What the forward (and its recomputation under checkpointing) runs in: on the CPU our emulation of
+    CUDA (autocast lists, dropout); on a real GPU its own autocast."""
+    if device == "cpu":
+        return CudaEmulation(setup.compute_dtype if autocast else None, cache=cache)
+    return torch.autocast(device, dtype=setup.compute_dtype) if autocast and cache else contextlib.nullcontext()
+
+
+def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, device: str = "cpu",
+            fake: bool = True) -> Capture:
+    """Simulate ``setup`` at micro-batch ``batch`` (with ``n_layer`` blocks if given) and record one step.
+
+    ``fake=False`` runs the same step for real on ``device`` (tests on the CPU; a GPU check on "cuda",
+    which also reads ``torch.cuda.max_memory_allocated()``).
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    # Only building happens under the device context: it is a torch-function mode, and checkpointing's
+    # early stop raises through whatever modes are active during recomputation.
+    with mode:
+        # Frozen weights (LoRA base, inference) need no fp32 master copy: they are stored in the compute dtype.
+        frozen_dtype = setup.compute_dtype
+        build_dtype = setup.weight_dtype if setup.task == "train" else frozen_dtype
+        with default_dtype(build_dtype), torch.device(device):
+            built: Built = source.build(setup, batch, n_layer)
+        model = built.model
+        params = sum(p.numel() for p in model.parameters())
+        blocks = find_blocks(model)
+        block_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0) if blocks else 0
+        if setup.task == "finetune-lora":
+            apply_lora(model, blocks, rank=setup.lora_rank, adapter_dtype=setup.weight_dtype,
+                       quantize_base=setup.qlora, compute_dtype=setup.compute_dtype)
+        if setup.training and setup.checkpointing == "full":
+            if blocks is None:
+                from gpuwise.errors import GpuwiseError
+
+                raise GpuwiseError("--checkpointing full: the model has no repeated blocks (an nn.ModuleList)",
+                                   "put the layers in an nn.ModuleList, or pass --checkpointing none")
+            # torch.utils.checkpoint restores real autocast by itself; our emulation must be re-entered
+            apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if setup.training and not trainable:
+            from gpuwise.errors import GpuwiseError
+
+            raise GpuwiseError("the model has no trainable parameters", "plan --task infer, or unfreeze some weights")
+        mixed = setup.mixed and setup.training
+        kv_cache = None
+        if built.kv_cache_shape is not None:
+            n_blocks = len(blocks) if blocks is not None else 0
+            kv_cache = [(torch.zeros(built.kv_cache_shape, dtype=frozen_dtype, device=device),
+                         torch.zeros(built.kv_cache_shape, dtype=frozen_dtype, device=device)) for _ in range(n_blocks)]
+
+        tracker = Tracker()
+        opt = _make_optimizer(setup, trainable) if setup.training else None
+
+        def forward() -> torch.Tensor:
+            tracker.phase, tracker.block = "forward", None
+            def saved(t: torch.Tensor) -> torch.Tensor:
+                tracker.tag(t, "activations")  # what autograd keeps for backward
+                return t
+
+            with (_emulation(setup, device, autocast=mixed, cache=True),
+                  torch.autograd.graph.saved_tensors_hooks(saved, lambda t: t)):
+                out = built.run(model, built.inputs, built.targets, kv_cache)
+            tracker.mark("end_of_forward")
+            return out
+
+        def backward(loss: torch.Tensor) -> None:
+            tracker.phase = "backward"
+            loss.backward()
+            tracker.block = None
+            tracker.tag([p.grad for p in trainable], "gradients")
+
+        def optimizer_step() -> None:
+            tracker.phase, tracker.block = "optimizer", None
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        if setup.training:  # step 1, not recorded, creates the optimizer state; its gradients need no backward
+            for p in trainable:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        handles = _hook_blocks(blocks, tracker) if blocks is not None else []
+        tracker.tag(list(model.parameters()) + list(model.buffers()), "weights")
+        tracker.tag([*built.inputs, built.targets], "inputs")
+        if kv_cache is not None:
+            tracker.tag([t for pair in kv_cache for t in pair], "kv_cache")
+        if opt is not None:
+            tracker.tag(_state_tensors(opt), "optimizer")
+        micro = min(setup.grad_accum, 2)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with tracker:
+            if setup.training:
+                marks = []
+                for _ in range(micro):
+                    backward(forward())
+                    marks.append(tracker.marks["end_of_forward"])
+                fb_flops = tracker.flops
+                optimizer_step()
+                end_of_forward = marks[0]
+            else:
+                with torch.no_grad():
+                    forward()
+                fb_flops = tracker.flops
+                end_of_forward = tracker.marks["end_of_forward"]
+        for h in handles:
+            h.remove()
+        measured = torch.cuda.max_memory_allocated() if device == "cuda" else None
+        opt_flops = tracker.flops - fb_flops
+        flops_per_step = fb_flops * setup.grad_accum // micro + opt_flops
+        bytes_total = sum(tracker.bytes_by_op.values())
+        return Capture(
+            batch=batch, n_layer=n_layer, labels=tuple(tracker.labels), ops=tuple(tracker.ops),
+            live=tracker.timeline(), end_of_forward=end_of_forward, flops_per_step=flops_per_step,
+            flops_by_op=dict(tracker.flops_by_op), bytes_per_step=bytes_total * setup.grad_accum // micro,
+            uncosted=dict(tracker.uncosted), params=params, trainable_params=sum(p.numel() for p in trainable),
+            block_params=block_params, measured_peak_bytes=measured,
+        )

@@ -1,0 +1,194 @@
+"""A Workload on GPUs: peak memory, whether it fits, the largest micro-batch, and what to change if not.
+
+>>> from gpuwise.planning import plan_model
+>>> p = plan_model("gpt2", Setup(batch=4, seq=256), gpu="rtx-4090")   # doctest: +SKIP
+>>> p.gpus[0].fits, p.max_batch                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+
+from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
+from gpuwise.planning.setup import MAX_BATCH, Setup
+from gpuwise.planning.sharding import capture_setup, shard
+from gpuwise.planning.source import resolve_source
+from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.workload import Workload, simulate
+from gpuwise.units import MiB
+
+# Memory a CUDA process holds besides its tensors. Estimates, stated as such: the context with lazy
+# module loading (CUDA >= 11.7, PyTorch's default) is a few hundred MiB and grows with the kernels
+# loaded (the HF "model memory anatomy" page measured 1,343 MB on a V100 before lazy loading); the
+# cuBLAS workspace PyTorch sizes for Hopper is 32 MiB (aten/src/ATen/cuda/CublasHandlePool.cpp,
+# getChosenWorkspaceSize). benchmarks/gpu_check.sh measures the real figure on the GPU it runs on.
+CUDA_CONTEXT_BYTES = 512 * MiB
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+OVERHEAD_BYTES = CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+# Below this headroom the caching allocator's fragmentation (reserved > allocated) can still OOM.
+TIGHT_FRACTION = 0.05
+DEFAULT_GPU = "h100-sxm"
+
+Status = Literal["fits", "tight", "no"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuFit:
+    gpu: str  # catalog key
+    name: str
+    memory_bytes: int
+    required_bytes: int  # peak tensors + overhead
+    headroom_bytes: int
+    status: Status
+    max_batch: int  # largest micro-batch that fits, same setup otherwise
+
+    @property
+    def fits(self) -> bool:
+        return self.status != "no"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Remedy:
+    name: str
+    flags: str  # the command-line change
+    setup: Setup
+    peak_bytes: int
+    required_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """The itemised plan: every figure in bytes or FLOPs, per GPU."""
+
+    model: str
+    setup: Setup
+    params: int
+    trainable_params: int
+    flops_per_step: int
+    bytes_per_step: int
+    tokens_per_step: int
+    peak_bytes: int  # tensors only: what torch.cuda.max_memory_allocated() reports
+    overhead_bytes: int  # CUDA context and library workspaces
+    activations_bytes: int  # saved for backward at the end of the forward pass
+    breakdown: dict[str, int]  # by category, at the peak
+    peak_at: str  # phase (and block) of the peak
+    gpu: str  # the GPU that max_batch and remedies refer to
+    max_batch: int
+    gpus: tuple[GpuFit, ...]
+    remedies: tuple[Remedy, ...]
+    uncosted: dict[str, int]
+    captured_blocks: tuple[int, ...] | None
+    timeline: np.ndarray = field(repr=False, compare=False)  # (samples, categories) bytes at this batch
+    timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
+
+
+def _per_gpu(w: Workload, tl) -> object:
+    return shard(tl, w.setup, trainable_params=w.trainable_params, block_params=w.block_params)
+
+
+def fit_on(w: Workload, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES) -> GpuFit:
+    """Whether ``w`` fits on ``acc``, and the largest micro-batch that does (0: not even 1)."""
+    peak = int(_per_gpu(w, w.timeline).live(w.setup.batch).sum(axis=1).max())
+    required = peak + overhead_bytes
+    headroom = acc.memory_bytes - required
+    status: Status = "no" if headroom < 0 else "tight" if headroom < TIGHT_FRACTION * acc.memory_bytes else "fits"
+    max_batch = 0
+    if w.batch_model is not None:
+        b = w.setup.batch
+        max_batch = _per_gpu(w, w.batch_model).max_batch(acc.memory_bytes - overhead_bytes, MAX_BATCH)
+        max_batch = max(max_batch, b) if headroom >= 0 else min(max_batch, b - 1)  # the exact capture decides at b
+    return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
+                  headroom_bytes=headroom, status=status, max_batch=max_batch)
+
+
+class _Planner:
+    """Simulates setups of one model, each once."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+        self._cache: dict[tuple[Setup, bool], Workload] = {}
+
+    def workload(self, setup: Setup, *, batch_model: bool = False) -> Workload:
+        key = capture_setup(setup)  # sharding is applied after the capture
+        hit = self._cache.get((key, True)) or (None if batch_model else self._cache.get((key, False)))
+        if hit is None:
+            hit = self._cache[key, batch_model] = simulate(self.source, key, batch_model=batch_model)
+        return replace(hit, setup=setup)
+
+    def remedy(self, name: str, flags: str, setup: Setup, acc: Accelerator) -> Remedy:
+        f = fit_on(self.workload(setup), acc)
+        return Remedy(name=name, flags=flags, setup=setup, peak_bytes=f.required_bytes - OVERHEAD_BYTES,
+                      required_bytes=f.required_bytes, fits=f.fits)
+
+
+def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]:
+    """bf16, checkpointing, a smaller micro-batch with accumulation, sharding, then LoRA/QLoRA; cumulative."""
+    out: list[Remedy] = []
+    s = setup
+    if s.training and s.precision in ("fp32", "tf32", "fp16-mixed"):
+        s = replace(s, precision="bf16-mixed")
+        out.append(planner.remedy("bf16 mixed precision", "--precision bf16-mixed", s, acc))
+    if s.training and s.checkpointing == "none":
+        s = replace(s, checkpointing="full")
+        out.append(planner.remedy("activation checkpointing", "--checkpointing full", s, acc))
+    if s.training and s.batch > 1:
+        fit = fit_on(planner.workload(replace(s, grad_accum=max(s.grad_accum, 2)), batch_model=True), acc)
+        total = s.batch * s.grad_accum
+        micro = next((m for m in range(min(fit.max_batch, s.batch - 1), 0, -1) if total % m == 0), 0)
+        if micro:
+            s = replace(s, batch=micro, grad_accum=total // micro)
+            out.append(planner.remedy(f"micro-batch {micro} x {total // micro} accumulation (global {total})",
+                                      f"--batch {micro} --grad-accum {total // micro}", s, acc))
+    single = s
+    if s.training and not (out and out[-1].fits):
+        for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+            r = planner.remedy(f"FSDP over {n} GPUs", f"--gpus {n} --sharding fsdp",
+                               replace(s, gpus=n, sharding="fsdp"), acc)
+            if r.fits or n == 1024:
+                out.append(r)
+                break
+    if single.task == "train":
+        lora = replace(single, task="finetune-lora")
+        out.append(planner.remedy(f"LoRA rank {lora.lora_rank} (fine-tuning only)",
+                                  f"--task finetune-lora --lora-rank {lora.lora_rank}", lora, acc))
+        out.append(planner.remedy("QLoRA, 4-bit base (fine-tuning only)",
+                                  f"--task finetune-lora --lora-rank {lora.lora_rank} --qlora",
+                                  replace(lora, qlora=True), acc))
+    return out
+
+
+def plan(source, setup: Setup, *, gpu: str | None = None, catalog: Catalog | None = None) -> MemoryPlan:
+    """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU."""
+    catalog = catalog or load_catalog()
+    primary = catalog.get(gpu or DEFAULT_GPU)
+    planner = _Planner(source)
+    w = planner.workload(setup, batch_model=True)
+    tl = _per_gpu(w, w.timeline)
+    live = tl.live(setup.batch)
+    totals = live.sum(axis=1)
+    i = int(totals.argmax())
+    phase, block = tl.labels[i]
+    fits = tuple(fit_on(w, acc) for acc in ([primary] if gpu else list(catalog)))
+    mine = fit_on(w, primary)
+    return MemoryPlan(
+        model=w.model, setup=setup, params=w.params, trainable_params=w.trainable_params,
+        flops_per_step=w.flops_per_step, bytes_per_step=w.bytes_per_step, tokens_per_step=w.tokens_per_step,
+        peak_bytes=int(totals[i]), overhead_bytes=OVERHEAD_BYTES,
+        activations_bytes=int(live[tl.end_of_forward, CATEGORIES.index("activations")]) if setup.training else 0,
+        breakdown={c: int(v) for c, v in zip(CATEGORIES, live[i], strict=True)},
+        peak_at=phase if block is None or block < 0 else f"{phase}, block {block}",
+        gpu=primary.key, max_batch=mine.max_batch, gpus=fits,
+        remedies=tuple(_remedies(planner, setup, primary)) if not mine.fits else (),
+        uncosted=w.uncosted, captured_blocks=w.captured_blocks,
+        timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
+    )
+
+
+def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,
+               catalog: Catalog | None = None) -> MemoryPlan:
+    """``plan`` for ``--model NAME``, ``--model file.py:function`` or ``--hf-config PATH``."""
+    return plan(resolve_source(model, hf_config), setup, gpu=gpu, catalog=catalog)

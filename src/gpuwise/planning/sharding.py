@@ -1,0 +1,67 @@
+"""Per-GPU memory under data parallelism, from a single-GPU timeline.
+
+Sharding changes where the model states live, so it is applied to the weights, gradients and
+optimizer columns of each sample (and to the optimizer's temporaries, which follow the shard):
+
+- ``ddp``: every GPU holds everything, plus DDP's gradient buckets, one more copy of the gradients
+  (``gradient_as_bucket_view=False`` is DDP's default; PyTorch DDP notes).
+- ``zero1`` / ``zero2`` (DeepSpeed, Rajbhandari et al. 2020) and ``fsdp`` (FSDP2 ``fully_shard``
+  with a bf16 ``MixedPrecisionPolicy``, = ZeRO-3) do not autocast: they compute with 16-bit
+  parameters. So under mixed precision the step is captured in pure 16 bits (``capture_setup``) and
+  the fp32 copies are added here.
+  ZeRO-1: 16-bit model and gradients, fp32 master + Adam states sharded: 4P + KP/N (K = 12).
+  ZeRO-2: the 16-bit gradients sharded too: 2P + (2 + K)P/N.
+  FSDP: fp32 weights, gradients and states all sharded, 16P/N, plus while forward and backward
+  run the 16-bit parameters of the block computing and of the one prefetched, and in backward
+  one block's unsharded fp32 gradient (reduce-scatter in fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from gpuwise.planning.scaling import Timeline
+from gpuwise.planning.setup import Setup
+from gpuwise.planning.tracker import CATEGORIES
+
+W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))
+
+
+def capture_setup(setup: Setup) -> Setup:
+    """The single-GPU setup whose capture ``shard`` starts from."""
+    if setup.sharding != "ddp" and setup.mixed:
+        return replace(setup, gpus=1, sharding="ddp", precision="bf16")
+    return replace(setup, gpus=1, sharding="ddp")
+
+
+def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_params: int) -> Timeline:
+    """The timeline one of ``setup.gpus`` GPUs sees under ``setup.sharding`` (``tl`` from ``capture_setup``)."""
+    n = setup.gpus
+    if n == 1 or not setup.training:
+        return tl
+    half = setup.compute_dtype.itemsize
+    widen = 4 / half if setup.mixed and setup.sharding != "ddp" else 1.0  # 16-bit capture -> fp32 states
+    grad_total = tl.base[:, G].max()
+    phases = np.array([ph for ph, _ in tl.labels])
+    opt = phases == "optimizer"
+
+    def apply(x: np.ndarray, constant: float) -> np.ndarray:
+        """Linear in each column; ``constant`` is 1 for the base, 0 for the slope (constants join the base only)."""
+        x = x.copy()
+        if setup.sharding == "ddp":
+            x[:, G] += constant * grad_total
+            return x
+        x[opt, T] *= widen / n  # the optimizer steps its own shard, in fp32
+        if setup.sharding in ("zero1", "zero2"):
+            x[:, OPT] = (x[:, OPT] * widen + constant * (trainable_params * 4 if setup.mixed else 0)) / n
+            if setup.sharding == "zero2":
+                x[:, G] /= n
+        else:  # fsdp
+            x[:, (W, G, OPT)] *= widen / n
+            x[~opt, T] += constant * 2 * block_params * (half if setup.mixed else setup.weight_dtype.itemsize)
+            x[phases == "backward", T] += constant * block_params * 4
+        return x
+
+    return replace(tl, base=apply(tl.base, 1.0), slope=apply(tl.slope, 0.0))

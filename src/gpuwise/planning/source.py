@@ -1,0 +1,241 @@
+"""Where the model comes from: the built-in zoo, a user's Python file, or a Hugging Face config.json.
+
+Every source builds *inside* the fake mode, so nothing is allocated and nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.models import ZooModel, get_model
+from gpuwise.planning.setup import Setup
+
+
+@dataclass(frozen=True, kw_only=True)
+class Built:
+    model: nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    targets: torch.Tensor | None
+    run: Callable[..., torch.Tensor]  # run(model, inputs, targets, kv_cache) -> loss (training) or output
+    kv_cache_shape: tuple[int, ...] | None = None  # per block, for decoder inference
+
+
+def _scalar_loss(out: Any) -> torch.Tensor:
+    """The user's loss: the output itself if it is a scalar, else output.float().square().mean()."""
+    if hasattr(out, "loss") and isinstance(out.loss, torch.Tensor):
+        return out.loss
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise GpuwiseError(f"the model returned {type(out).__name__}, not a tensor",
+                           "return a tensor (or a tuple whose first item is one) from forward")
+    return out if out.dim() == 0 else out.float().square().mean()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZooSource:
+    zoo: ZooModel
+
+    @property
+    def name(self) -> str:
+        return self.zoo.name
+
+    @property
+    def n_layer(self) -> int | None:
+        return self.zoo.n_layer
+
+    def check(self, setup: Setup) -> None:
+        z = self.zoo
+        if setup.seq is not None and z.inputs != "tokens":
+            raise GpuwiseError(f"--seq does not apply to {z.name}, which takes {z.inputs}",
+                               "use --image-size for image models" if z.inputs == "image" else "drop --seq")
+        if setup.image_size is not None and z.inputs != "image":
+            raise GpuwiseError(f"--image-size does not apply to {z.name}, which takes {z.inputs}",
+                               "use --seq for language models" if z.inputs == "tokens" else "drop --image-size")
+        if setup.seq is not None and z.max_seq is not None and setup.seq > z.max_seq:
+            raise GpuwiseError(f"--seq {setup.seq} is longer than {z.name}'s {z.max_seq} learned positions",
+                               f"pass --seq {z.max_seq} or less")
+        if setup.image_size is not None and z.name.startswith("vit") and setup.image_size != z.default_image_size:
+            raise GpuwiseError(f"{z.name} has learned positions for {z.default_image_size}px images only",
+                               f"pass --image-size {z.default_image_size}")
+        if setup.image_size is not None and setup.image_size < 32:
+            raise GpuwiseError(f"--image-size {setup.image_size} is too small for {z.name}",
+                               "pass --image-size 32 or more")
+
+    def tokens(self, setup: Setup) -> int:
+        """Tokens (or images, or samples) per micro-batch element."""
+        return (setup.seq or self.zoo.default_seq) if self.zoo.inputs == "tokens" else 1
+
+    def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
+        z = self.zoo
+        model = z.instantiate(n_layer)
+        in_dtype = setup.compute_dtype if setup.precision == "bf16" or not setup.training else torch.float32
+        inputs, targets = z.make_inputs(batch, seq=setup.seq, image_size=setup.image_size, dtype=in_dtype)
+        kv = None
+        if not setup.training and z.family == "decoder":
+            kv = model.kv_cache_shape(batch, setup.seq or z.default_seq)
+
+        def run(model, inputs, targets, kv_cache):
+            if targets is not None:
+                return model(*inputs, targets)
+            return model(*inputs, kv_cache=kv_cache) if kv_cache is not None else model(*inputs)
+
+        return Built(model=model, inputs=inputs, targets=targets if setup.training else None, run=run,
+                     kv_cache_shape=kv)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileSource:
+    """``path/to/file.py:function`` where ``function(batch_size)`` returns ``(model, inputs)``."""
+
+    path: Path
+    function: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.name}:{self.function}"
+
+    n_layer = None
+
+    def check(self, setup: Setup) -> None:
+        if setup.seq is not None or setup.image_size is not None:
+            raise GpuwiseError("--seq and --image-size do not apply to a model from a file",
+                               "size the inputs in your function; it receives batch_size only")
+
+    def tokens(self, setup: Setup) -> int:
+        return 1
+
+    def load(self) -> Callable[[int], Any]:
+        if not self.path.is_file():
+            raise GpuwiseError(f"no such file: {self.path}", "pass --model path/to/file.py:function")
+        spec = importlib.util.spec_from_file_location(f"gpuwise_user_{abs(hash(self.path))}", self.path)
+        if spec is None or spec.loader is None:
+            raise GpuwiseError(f"{self.path} is not a Python file", "pass --model path/to/file.py:function")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(self.path.parent))
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # the user's module: report its error in one line
+            raise GpuwiseError(f"importing {self.path} raised {type(exc).__name__}: {exc}",
+                               "fix the file, or run it with python to see the traceback") from exc
+        finally:
+            sys.path.remove(str(self.path.parent))
+        fn = getattr(module, self.function, None)
+        if not callable(fn):
+            found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                           and getattr(v, "__module__", None) == module.__name__)
+            raise GpuwiseError(f"{self.path} has no function {self.function!r}",
+                               f"functions there: {', '.join(found) or 'none'}")
+        return fn
+
+    def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
+        fn = self.load()
+        try:
+            result = fn(batch)
+        except GpuwiseError:
+            raise
+        except Exception as exc:
+            raise GpuwiseError(f"{self.name}({batch}) raised {type(exc).__name__}: {exc}",
+                               "fix the function; it runs on fake tensors, so it must not read tensor values") from exc
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
+            raise GpuwiseError(f"{self.name}({batch}) must return (model, inputs)",
+                               "return an nn.Module and a tensor or a tuple of tensors")
+        model, inputs = result
+        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        if not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise GpuwiseError(f"{self.name}({batch}) returned inputs that are not tensors",
+                               "return a tensor or a tuple of tensors as inputs")
+
+        def run(model, inputs, targets, kv_cache):
+            out = model(*inputs)
+            return _scalar_loss(out) if setup.training else out
+
+        return Built(model=model, inputs=inputs, targets=None, run=run)
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFSource:
+    """A Hugging Face ``config.json``, built with transformers' ``from_config`` (extra ``gpuwise[hf]``)."""
+
+    path: Path
+    config: dict
+
+    @classmethod
+    def from_path(cls, path: Path) -> HFSource:
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise GpuwiseError(f"no such file: {path}", "pass --hf-config path/to/config.json") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise GpuwiseError(f"{path} is not valid JSON: {exc}", "pass a Hugging Face config.json") from None
+        if not isinstance(config, dict) or "model_type" not in config:
+            raise GpuwiseError(f"{path} has no model_type", "pass a Hugging Face config.json")
+        return cls(path=path, config=config)
+
+    @property
+    def name(self) -> str:
+        return self.config.get("_name_or_path") or self.config["model_type"]
+
+    @property
+    def n_layer(self) -> int | None:
+        return self.config.get("num_hidden_layers")
+
+    def check(self, setup: Setup) -> None:
+        if setup.image_size is not None:
+            raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
+
+    def tokens(self, setup: Setup) -> int:
+        return setup.seq or 2048
+
+    def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
+        try:
+            import transformers
+        except ImportError:
+            raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
+        cfg_dict = dict(self.config)
+        if n_layer is not None:
+            cfg_dict["num_hidden_layers"] = n_layer
+        try:
+            config = transformers.AutoConfig.for_model(**cfg_dict)
+            config._attn_implementation = "sdpa"
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        except Exception as exc:
+            raise GpuwiseError(f"transformers could not build {self.path}: {type(exc).__name__}: {exc}",
+                               "check model_type and the fields of config.json") from exc
+        seq = setup.seq or 2048
+        vocab = int(getattr(config, "vocab_size", 32000))
+        ids = torch.randint(vocab, (batch, seq))
+
+        def run(model, inputs, targets, kv_cache):
+            out = model(input_ids=inputs[0], labels=targets if setup.training else None, use_cache=False)
+            return out.loss if setup.training else out.logits
+
+        return Built(model=model, inputs=(ids,), targets=ids if setup.training else None, run=run)
+
+
+def resolve_source(model: str | None, hf_config: str | None) -> ZooSource | FileSource | HFSource:
+    """``--model NAME`` or ``--model file.py:function``, or ``--hf-config PATH``."""
+    if model and hf_config:
+        raise GpuwiseError("--model and --hf-config both name a model", "pass one of them")
+    if hf_config:
+        return HFSource.from_path(Path(hf_config))
+    if not model:
+        raise GpuwiseError("no model to plan", "pass --model NAME (see --list-models) or --model file.py:function")
+    if model.endswith(".py") or ".py:" in model:
+        path, _, fn = model.rpartition(":") if ".py:" in model else (model, "", "")
+        if not fn:
+            raise GpuwiseError(f"--model {model} names a file but no function", f"pass --model {model}:function")
+        return FileSource(path=Path(path), function=fn)
+    return ZooSource(zoo=get_model(model))

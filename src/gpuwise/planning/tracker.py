@@ -1,0 +1,199 @@
+"""A dispatch-level tracker: the live bytes of every storage, tagged by category, and every op's FLOPs.
+
+It sits under autograd (a ``TorchDispatchMode``), so it sees exactly the tensors that the step
+allocates: views share their storage, in-place ops allocate nothing, and a storage is freed when
+its last reference goes (a weak reference tells us). Each op that allocates is one *sample* of the
+timeline; frees between two samples show in the second one.
+
+GPU-specific behaviour modelled here (the step itself runs on fake CPU tensors):
+- the caching allocator rounds every block up to 512 bytes (c10/cuda/CUDACachingAllocator.cpp,
+  ``kMinBlockSize``);
+- CPU SDPA (``_scaled_dot_product_flash_attention_for_cpu``) keeps the output and an fp32
+  logsumexp, exactly what CUDA flash attention keeps; its FLOPs are costed as the GPU kernel's:
+  4*b*h*s_q*s_k*d forward, halved when causal (the kernel skips masked tiles), backward 2.5x
+  forward (Dao et al. 2022; Dao-AILab/flash-attention#1525). ``FlopCounterMode`` counts 0 for the
+  CPU op (pytorch/pytorch#195460) and never halves for causal.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import Counter
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "inputs", "kv_cache")
+# A storage carries one category for its whole life; a stronger tag wins (an fp32 parameter saved for
+# backward stays a weight, a gradient saved by a later op stays a gradient).
+_RANK = {c: i for i, c in enumerate(("temporaries", "activations", "kv_cache", "inputs", "gradients", "optimizer",
+                                     "weights"))}
+ALLOCATOR_ROUND_BYTES = 512
+
+aten = torch.ops.aten
+
+# Ops with no matmul-class FLOPs: the convention of Kaplan et al. and PaLM (and FlopCounterMode) counts
+# matrix multiplies and convolutions only; elementwise, norm, softmax and data movement are memory-bound.
+_NO_FLOPS = frozenset({
+    "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "_amp_foreach_non_finite_check_and_unscale_",
+    "_fused_adamw_", "_local_scalar_dense", "_log_softmax", "_log_softmax_backward_data", "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training", "_softmax",
+    "_softmax_backward_data", "_to_copy", "_unsafe_view", "alias", "amax", "any", "arange", "avg_pool2d",
+    "avg_pool2d_backward", "bernoulli_", "cat", "clone", "constant_pad_nd", "copy_", "cumsum", "embedding",
+    "embedding_dense_backward", "empty", "empty_like", "empty_strided", "fill_", "full", "full_like", "gather",
+    "index", "index_put_", "index_select", "is_same_size", "isinf", "isnan", "lift_fresh", "lift_fresh_copy",
+    "linalg_vector_norm", "masked_fill", "masked_fill_", "max", "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward", "mean", "min", "native_batch_norm", "native_batch_norm_backward",
+    "native_dropout", "native_dropout_backward", "native_group_norm", "native_group_norm_backward",
+    "native_layer_norm", "native_layer_norm_backward", "new_empty", "new_empty_strided", "new_full", "new_ones",
+    "new_zeros", "nll_loss_backward", "nll_loss_forward", "nll_loss2d_backward", "nll_loss2d_forward", "normal_",
+    "ones", "ones_like", "rand", "randint", "randn", "randperm", "random_", "scalar_tensor", "scatter", "scatter_add",
+    "select_backward", "slice_backward", "sort", "stack", "sum", "topk", "uniform_", "where", "zero_", "zeros",
+    "zeros_like", "_fused_rms_norm", "_fused_rms_norm_backward", "rms_norm", "resize_", "set_", "sym_size",
+    "sym_stride", "sym_numel", "sym_storage_offset", "var_mean", "std_mean", "argmax", "argmin", "all",
+    "_pin_memory", "item", "nonzero", "repeat", "tril", "triu", "expand_copy", "diagonal_backward",
+    "unfold_backward", "_foreach_copy_", "_assert_async", "_functional_sym_constrain_range",
+})
+
+
+def _sdpa_forward_flops(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
+    b, h, s_q, d = q.shape
+    flops = 4 * b * h * s_q * k.shape[-2] * d  # QK^T and PV, 2 FLOPs per multiply-add
+    return flops // 2 if causal and s_q == k.shape[-2] else flops
+
+
+def op_flops(func, args, kwargs, out) -> int | None:
+    """FLOPs of one aten op as the GPU runs it; 0 for memory-bound ops, None for ops we do not know."""
+    packet = func._overloadpacket
+    if packet is aten._scaled_dot_product_flash_attention_for_cpu:
+        q, k = args[0], args[1]
+        causal = bool(args[4]) if len(args) > 4 else bool(kwargs.get("is_causal", False))
+        return _sdpa_forward_flops(q, k, causal)
+    if packet is aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        # (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, ...)
+        causal = bool(args[7]) if len(args) > 7 else bool(kwargs.get("is_causal", False))
+        return _sdpa_forward_flops(args[1], args[2], causal) * 5 // 2
+    if packet in flop_registry:
+        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    name = packet.__name__
+    if (name in _NO_FLOPS or name.startswith("_foreach_") or func.is_view or torch.Tag.pointwise in func.tags
+            or func.namespace in ("prim", "profiler")):
+        return 0
+    return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Tracker(TorchDispatchMode):
+    """Follow every storage allocated under it; ``timeline()`` gives live bytes per category per sample.
+
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> with FakeTensorMode(), Tracker() as tr:
+    ...     y = torch.randn(256, 256) @ torch.randn(256, 256)
+    >>> tr.flops
+    33554432
+    """
+
+    def __init__(self, *, round_bytes: int = ALLOCATOR_ROUND_BYTES) -> None:
+        super().__init__()
+        self.round_bytes = round_bytes
+        self.phase = "setup"
+        self.block: int | None = None
+        self.labels: list[tuple[str, int | None]] = []  # one per sample
+        self.ops: list[str] = []  # the op that made each sample
+        self._born: list[int] = []
+        self._died: list[int] = []
+        self._bytes: list[int] = []
+        self._category: list[int] = []
+        self._live: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (weak ref, record)
+        self.flops_by_op: Counter[str] = Counter()
+        self.bytes_by_op: Counter[str] = Counter()
+        self.uncosted: Counter[str] = Counter()
+        self.marks: dict[str, int] = {}
+
+    # --- storages -------------------------------------------------------------------------------
+    def _record(self, t: torch.Tensor, category: str) -> int | None:
+        st = t.untyped_storage()
+        key = id(st)
+        hit = self._live.get(key)
+        if hit is not None and hit[0]() is st:
+            rec = hit[1]
+            if _RANK[category] > self._category[rec]:
+                self._category[rec] = _RANK[category]
+            return None
+        nbytes = st.nbytes()
+        if self.round_bytes:
+            nbytes = math.ceil(nbytes / self.round_bytes) * self.round_bytes
+        rec = len(self._born)
+        self._born.append(len(self.labels))
+        self._died.append(-1)
+        self._bytes.append(nbytes)
+        self._category.append(_RANK[category])
+        self._live[key] = (weakref.ref(st, lambda _ref, key=key, rec=rec: self._free(key, rec)), rec)
+        return rec
+
+    def _free(self, key: int, rec: int) -> None:
+        self._died[rec] = len(self.labels)
+        hit = self._live.get(key)
+        if hit is not None and hit[1] == rec:
+            del self._live[key]
+
+    def tag(self, tensors: Iterable[torch.Tensor | None] | torch.Tensor | None, category: str) -> None:
+        """Give ``category`` to the storages behind these tensors (registering any not seen yet)."""
+        if tensors is None:
+            return
+        for t in [tensors] if isinstance(tensors, torch.Tensor) else tensors:
+            if isinstance(t, torch.Tensor):
+                self._record(t, category)
+
+    def mark(self, name: str) -> None:
+        """Remember the current sample (e.g. the end of the forward pass)."""
+        self.marks[name] = len(self.labels) - 1
+
+    # --- dispatch -------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._overloadpacket.__name__
+        flops = op_flops(func, args, kwargs, out)
+        if flops is None:
+            self.uncosted[name] += 1
+        else:
+            self.flops_by_op[name] += flops
+        leaves = tree_leaves((args, kwargs, out))
+        self.bytes_by_op[name] += sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
+        fresh = False
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and self._record(t, "temporaries") is not None:
+                fresh = True
+        if fresh:
+            self.labels.append((self.phase, self.block))
+            self.ops.append(name)
+        return out
+
+    @property
+    def flops(self) -> int:
+        return sum(self.flops_by_op.values())
+
+    def timeline(self) -> np.ndarray:
+        """Live bytes, shape (samples, len(CATEGORIES)); storages that predate the first sample count from it."""
+        n = len(self.labels)
+        delta = np.zeros((n + 1, len(_RANK)), dtype=np.int64)
+        born = np.minimum(np.asarray(self._born, dtype=np.int64), n)
+        died = np.asarray(self._died, dtype=np.int64)
+        died = np.where(died < 0, n, died)
+        cat = np.asarray(self._category, dtype=np.int64)
+        size = np.asarray(self._bytes, dtype=np.int64)
+        keep = born < died
+        np.add.at(delta, (born[keep], cat[keep]), size[keep])
+        np.add.at(delta, (died[keep], cat[keep]), -size[keep])
+        by_rank = np.cumsum(delta, axis=0)[:n]
+        order = [ _RANK[c] for c in CATEGORIES]
+        return by_rank[:, order]
