@@ -9,7 +9,7 @@ class GpuwiseError(Exception):
     >>> raise GpuwiseError("unknown GPU 'h1000'", hint="did you mean 'h100'? run 'gpuwise gpus'")
     """
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -16,14 +16,16 @@ GPU-specific choices (besides those in tracker.py and autocast.py):
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
+from gpuwise.errors import GpuwiseError
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
@@ -105,6 +107,35 @@ def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """FakeTensorMode logs a traceback before re-raising a failing op; we report the error in one line."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _model_errors(name: str) -> Iterator[None]:
+    """The model's own exceptions as one-line errors; fake tensors have no values to read."""
+    try:
+        yield
+    except GpuwiseError:
+        raise
+    except DataDependentOutputException as exc:
+        raise GpuwiseError(f"{name} reads a tensor's value ({exc.func}) while it runs",
+                           "the plan runs on fake tensors without values: avoid .item() and data-dependent "
+                           "branches in forward") from exc
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise GpuwiseError(f"running {name} raised {type(exc).__name__}: {message}",
+                           "run one step of it on real tensors to see the traceback (or GPUWISE_DEBUG=1)") from exc
+
+
 def _emulation(setup: Setup, device: str, *, autocast: bool, cache: bool):
     """What the forward (and its recomputation under checkpointing) runs in: on the CPU our emulation of
     CUDA (autocast lists, dropout); on a real GPU its own autocast."""
@@ -123,7 +154,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     # Only building happens under the device context: it is a torch-function mode, and checkpointing's
     # early stop raises through whatever modes are active during recomputation.
-    with mode:
+    with mode, _quiet_fake_tensor_log():
         # Frozen weights (LoRA base, inference) need no fp32 master copy: they are stored in the compute dtype.
         frozen_dtype = setup.compute_dtype
         build_dtype = setup.weight_dtype if setup.task == "train" else frozen_dtype
@@ -138,16 +169,12 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                        quantize_base=setup.qlora, compute_dtype=setup.compute_dtype)
         if setup.training and setup.checkpointing == "full":
             if blocks is None:
-                from gpuwise.errors import GpuwiseError
-
                 raise GpuwiseError("--checkpointing full: the model has no repeated blocks (an nn.ModuleList)",
                                    "put the layers in an nn.ModuleList, or pass --checkpointing none")
             # torch.utils.checkpoint restores real autocast by itself; our emulation must be re-entered
             apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False))
         trainable = [p for p in model.parameters() if p.requires_grad]
         if setup.training and not trainable:
-            from gpuwise.errors import GpuwiseError
-
             raise GpuwiseError("the model has no trainable parameters", "plan --task infer, or unfreeze some weights")
         mixed = setup.mixed and setup.training
         kv_cache = None
@@ -166,14 +193,15 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                 return t
 
             with (_emulation(setup, device, autocast=mixed, cache=True),
-                  torch.autograd.graph.saved_tensors_hooks(saved, lambda t: t)):
+                  torch.autograd.graph.saved_tensors_hooks(saved, lambda t: t), _model_errors(source.name)):
                 out = built.run(model, built.inputs, built.targets, kv_cache)
             tracker.mark("end_of_forward")
             return out
 
         def backward(loss: torch.Tensor) -> None:
             tracker.phase = "backward"
-            loss.backward()
+            with _model_errors(source.name):
+                loss.backward()
             tracker.block = None
             tracker.tag([p.grad for p in trainable], "gradients")
 

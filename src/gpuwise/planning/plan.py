@@ -125,31 +125,48 @@ class _Planner:
                       required_bytes=f.required_bytes, fits=f.fits)
 
 
+def _micro(planner: _Planner, s: Setup, total: int, acc: Accelerator) -> int:
+    """The largest micro-batch that fits ``acc`` and divides ``total`` samples per GPU (0 if none)."""
+    fit = fit_on(planner.workload(replace(s, batch=total, grad_accum=2 if total > 1 else 1), batch_model=True), acc)
+    if total == 1:
+        return 1 if fit.fits else 0
+    return next((m for m in range(min(fit.max_batch, total), 0, -1) if total % m == 0), 0)
+
+
+def _with_micro(s: Setup, micro: int, total: int) -> Setup:
+    return replace(s, batch=micro, grad_accum=total // micro)
+
+
 def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]:
     """bf16, checkpointing, a smaller micro-batch with accumulation, sharding, then LoRA/QLoRA; cumulative."""
     out: list[Remedy] = []
     s = setup
+    total = s.batch * s.grad_accum  # samples per GPU per optimizer step; the global batch is total x gpus
     if s.training and s.precision in ("fp32", "tf32", "fp16-mixed"):
         s = replace(s, precision="bf16-mixed")
         out.append(planner.remedy("bf16 mixed precision", "--precision bf16-mixed", s, acc))
     if s.training and s.checkpointing == "none":
         s = replace(s, checkpointing="full")
         out.append(planner.remedy("activation checkpointing", "--checkpointing full", s, acc))
-    if s.training and s.batch > 1:
-        fit = fit_on(planner.workload(replace(s, grad_accum=max(s.grad_accum, 2)), batch_model=True), acc)
-        total = s.batch * s.grad_accum
-        micro = next((m for m in range(min(fit.max_batch, s.batch - 1), 0, -1) if total % m == 0), 0)
-        if micro:
-            s = replace(s, batch=micro, grad_accum=total // micro)
-            out.append(planner.remedy(f"micro-batch {micro} x {total // micro} accumulation (global {total})",
+    if s.training and s.batch > 1 and not (out and out[-1].fits):
+        micro = _micro(planner, s, total, acc)
+        if 0 < micro < s.batch:
+            s = _with_micro(s, micro, total)
+            out.append(planner.remedy(f"micro-batch {micro} x {total // micro} accumulation (same batch)",
                                       f"--batch {micro} --grad-accum {total // micro}", s, acc))
     single = s
     if s.training and not (out and out[-1].fits):
+        global_batch = total * s.gpus
         for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
-            r = planner.remedy(f"FSDP over {n} GPUs", f"--gpus {n} --sharding fsdp",
-                               replace(s, gpus=n, sharding="fsdp"), acc)
-            if r.fits or n == 1024:
-                out.append(r)
+            per_gpu = max(global_batch // n, 1)
+            sharded = replace(s, gpus=n, sharding="fsdp")
+            micro = _micro(planner, sharded, per_gpu, acc)
+            if micro or n == 1024:
+                sharded = _with_micro(sharded, max(micro, 1), per_gpu)
+                flags = f"--gpus {n} --sharding fsdp"
+                if (sharded.batch, sharded.grad_accum) != (s.batch, s.grad_accum):
+                    flags += f" --batch {sharded.batch} --grad-accum {sharded.grad_accum}"
+                out.append(planner.remedy(f"FSDP over {n} GPUs (global batch {per_gpu * n})", flags, sharded, acc))
                 break
     if single.task == "train":
         lora = replace(single, task="finetune-lora")

@@ -12,7 +12,11 @@ GPU-specific behaviour modelled here (the step itself runs on fake CPU tensors):
   logsumexp, exactly what CUDA flash attention keeps; its FLOPs are costed as the GPU kernel's:
   4*b*h*s_q*s_k*d forward, halved when causal (the kernel skips masked tiles), backward 2.5x
   forward (Dao et al. 2022; Dao-AILab/flash-attention#1525). ``FlopCounterMode`` counts 0 for the
-  CPU op (pytorch/pytorch#195460) and never halves for causal.
+  CPU op (pytorch/pytorch#195460) and never halves for causal;
+- CUDA flash attention writes its output as (B, T, nh, hs) and returns the (B, nh, T, hs) transpose
+  (aten/src/ATen/native/transformers/cuda/attention.cu), so the usual ``y.transpose(1, 2)
+  .contiguous()`` after it copies nothing; the CPU kernel returns (B, nh, T, hs) contiguous, and that
+  copy would add 2 bytes x s*b*h per layer. We hand autograd the output in the CUDA layout.
 """
 
 from __future__ import annotations
@@ -85,6 +89,13 @@ def op_flops(func, args, kwargs, out) -> int | None:
             or func.namespace in ("prim", "profiler")):
         return 0
     return None
+
+
+def _cuda_attention_layout(o: torch.Tensor) -> torch.Tensor:
+    """``o`` (B, nh, T, hs) stored as CUDA's kernel stores it: (B, T, nh, hs) memory, transposed."""
+    b, h, t, d = o.shape
+    cuda = torch.empty((b, t, h, d), dtype=o.dtype, device=o.device).transpose(1, 2)
+    return cuda.copy_(o)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -161,6 +172,8 @@ class Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func._overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu:
+            out = (_cuda_attention_layout(out[0]), *out[1:])
         name = func._overloadpacket.__name__
         flops = op_flops(func, args, kwargs, out)
         if flops is None:

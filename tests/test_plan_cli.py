@@ -1,0 +1,180 @@
+"""``gpuwise plan`` as users run it: every output mode, the JSON keys, the plot, and bad input."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from gpuwise import cli
+from gpuwise.hardware.catalog import load_catalog
+from gpuwise.models import MODELS
+from gpuwise.planning import Setup, plan_model
+
+
+def run(capsys, *args):
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+SMALL = ["--model", "gpt2", "--seq", "128", "--batch", "2"]
+
+
+@pytest.mark.parametrize("args", [SMALL, [*SMALL, "--json"], [*SMALL, "--gpu", "rtx-4090"], ["--list-models"],
+                                  ["--list-models", "--json"], ["--help"]])
+def test_plan_output_modes(capsys, args):
+    code, out, err = run(capsys, "plan", *args)
+    assert code == 0, err
+    assert out.strip() and not err
+    if "--json" in args:
+        json.loads(out)
+
+
+def test_plan_json_has_the_documented_keys(capsys):
+    code, out, _ = run(capsys, "plan", *SMALL, "--gpu", "rtx-4090", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert {"params", "trainable_params", "flops_per_step", "peak_bytes", "overhead_bytes", "activations_bytes",
+            "max_batch", "breakdown", "gpus", "remedies", "uncosted"} <= set(data)
+    assert {"weights", "gradients", "optimizer", "activations", "temporaries"} <= set(data["breakdown"])
+    assert sum(data["breakdown"].values()) == data["peak_bytes"]
+    assert data["params"] == MODELS["gpt2"].published_params
+    (fit,) = data["gpus"]
+    assert fit["gpu"] == "rtx-4090" and fit["fits"] and fit["max_batch"] == data["max_batch"] >= 2
+    assert fit["required_bytes"] == data["peak_bytes"] + data["overhead_bytes"]
+
+
+def test_plan_lists_every_catalog_gpu_by_default(capsys):
+    _code, out, _ = run(capsys, "plan", *SMALL, "--json")
+    assert [g["gpu"] for g in json.loads(out)["gpus"]] == [a.key for a in load_catalog()]
+
+
+def test_plot_writes_a_png(capsys, tmp_path):
+    target = tmp_path / "timeline.png"
+    code, _, err = run(capsys, "plan", *SMALL, "--gpu", "h100", "--plot", str(target))
+    assert code == 0, err
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline.png"]  # no temporary left behind
+
+
+def test_max_batch_is_the_edge_of_fitting():
+    """The largest micro-batch fits and one more does not, each checked by its own capture."""
+    gpu = "rtx-3060-12gb"
+    base = Setup(seq=512)
+    best = plan_model("gpt2", base, gpu=gpu).max_batch
+    assert best > 1
+    assert plan_model("gpt2", Setup(seq=512, batch=best), gpu=gpu).gpus[0].fits
+    assert not plan_model("gpt2", Setup(seq=512, batch=best + 1), gpu=gpu).gpus[0].fits
+
+
+def test_remedies_in_order_with_flags(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "llama2-7b", "--seq", "2048", "--batch", "8", "--precision",
+                       "fp32", "--gpu", "rtx-4090", "--json")
+    data = json.loads(out)
+    assert code == 0 and not data["gpus"][0]["fits"]
+    names = [r["name"] for r in data["remedies"]]
+    assert names[:2] == ["bf16 mixed precision", "activation checkpointing"]
+    fsdp = next(r for r in data["remedies"] if r["name"].startswith("FSDP over"))
+    assert fsdp["fits"] and "--sharding fsdp" in fsdp["flags"]
+    assert names[-2:] == ["LoRA rank 16 (fine-tuning only)", "QLoRA, 4-bit base (fine-tuning only)"]
+    needs = [data["gpus"][0]["required_bytes"]] + [r["required_bytes"] for r in data["remedies"][:3]]
+    assert needs == sorted(needs, reverse=True) and needs[1] < needs[0]
+    assert data["remedies"][-1]["flags"] == "--task finetune-lora --lora-rank 16 --qlora"
+
+
+USER_MODEL = """
+import torch
+from torch import nn
+
+def build(batch_size):
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    return model, torch.randn(batch_size, 64)
+
+class Odd(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cumprod(self.lin(x), dim=1)
+
+def odd(batch_size):
+    return Odd(), torch.randn(batch_size, 8)
+
+def reads_values(batch_size):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x) if x.sum().item() > 0 else x
+    return M(), torch.randn(batch_size, 4)
+
+def broken(batch_size):
+    raise ValueError("no data for you")
+"""
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    path = tmp_path / "my_net.py"
+    path.write_text(textwrap.dedent(USER_MODEL))
+    return path
+
+
+def test_user_model_from_a_file(capsys, user_file):
+    code, out, err = run(capsys, "plan", "--model", f"{user_file}:build", "--batch", "32", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["params"] == 64 * 256 + 256 + 256 * 10 + 10
+    assert data["uncosted"] == {}
+
+
+def test_an_op_without_a_formula_is_listed_as_uncosted(capsys, user_file):
+    code, out, err = run(capsys, "plan", "--model", f"{user_file}:odd", "--json")
+    assert code == 0, err
+    assert "cumprod" in json.loads(out)["uncosted"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "gtp2"], "unknown model 'gtp2' (hint: did you mean gpt2"),
+    (["--model", "{file}:nope"], "no function 'nope' (hint: functions there: Odd, broken, build, odd, reads_values)"),
+    (["--model", "{file}:broken"], "my_net.py:broken(1) raised ValueError: no data for you"),
+    (["--model", "{file}:reads_values"], "reads a tensor's value"),
+    (["--model", "{file}"], "names a file but no function"),
+    (["--model", "missing.py:f"], "no such file: missing.py"),
+    (["--model", "gpt2", "--qlora"], "--qlora quantises the frozen base"),
+    (["--model", "gpt2", "--sharding", "zero2"], "--sharding zero2 shards over GPUs but --gpus is 1"),
+    (["--model", "gpt2", "--task", "infer", "--grad-accum", "4"], "--grad-accum has no meaning for --task infer"),
+    (["--model", "gpt2", "--seq", "4096"], "--seq 4096 is longer than gpt2's 1024 learned positions"),
+    (["--model", "resnet50", "--seq", "128"], "--seq does not apply to resnet50"),
+    (["--model", "gpt2", "--batch", "0"], "--batch 0 is outside 1.."),
+    (["--model", "gpt2", "--precision", "fp8"], "--precision 'fp8' is not one of"),
+    (["--model", "gpt2", "--gpu", "h1000"], "h1000"),
+    (["--model", "gpt2", "--plot", "out.svg"], "the picture is a PNG"),
+    (["--model", "gpt2", "--hf-config", "x.json"], "--model and --hf-config both name a model"),
+    ([], "no model to plan"),
+    (["--hf-config", "{dir}/nope.json"], "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, user_file, args, message):
+    args = [a.replace("{file}", str(user_file)).replace("{dir}", str(user_file.parent)) for a in args]
+    code, _out, err = run(capsys, "plan", *args)
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_hf_config(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, err = run(capsys, "plan", "--hf-config", str(path), "--seq", "64", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256  # q,o + k,v (2 of 4 heads) + MLP + norms
+    assert data["params"] == 6 * per_layer + 2 * 1000 * 256 + 256
