@@ -15,10 +15,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[dev]"
 	@touch $(STAMP)
 
-# The main job on built-in defaults: check the stack, then show this machine's accelerators.
-# gpus --local runs even when doctor finds a failure; the exit status is doctor's.
+# The main job on built-in defaults: check the stack, then plan GPT-2 training (micro-batch 8 x 1024
+# tokens, bf16 autocast, AdamW) and show which GPUs it fits. The plan runs even when doctor finds a
+# failure (it needs no GPU); the exit status is doctor's, or the plan's if that fails.
 run: $(STAMP)
-	@$(BIN)/gpuwise doctor; status=$$?; $(BIN)/gpuwise gpus --local && exit $$status
+	@$(BIN)/gpuwise doctor; status=$$?; $(BIN)/gpuwise plan --model gpt2 --batch 8 && exit $$status
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (see DEVELOPERS.md): doctor and local detection on real hardware,
+# the planner against real peak memory,
 # and the tests marked requires_cuda. Writes its tables to $OUT; prints them too.
 # Usage (from the repository root): bash benchmarks/gpu_check.sh
 set -u
@@ -13,3 +14,6 @@ $PY -m gpuwise doctor --json >"$OUT/doctor.json"
 $PY -m gpuwise gpus --local | tee "$OUT/local.txt"
 $PY -m gpuwise gpus --local --json >"$OUT/local.json"
 $PY -m pytest -q -p no:cacheprovider -m requires_cuda tests 2>&1 | tee "$OUT/pytest-cuda.txt"
+# Planned peak memory vs torch.cuda.max_memory_allocated() for zoo models (issue 3), about 2 minutes.
+$PY benchmarks/plan_vs_gpu.py 2>&1 | tee "$OUT/plan_vs_gpu.txt"
+$PY -m gpuwise plan --model llama3-8b --seq 8192 --gpu h200 | tee "$OUT/plan-llama3-8b.txt"

@@ -88,4 +88,6 @@ def test_activations_per_layer_match_korthikanti(sdpa):
     sbh = S * B * H
     expected = sbh * 34 + (0 if sdpa else 5 * A * S * S * B)
     got = _activations_per_layer(sdpa)
+    print(f"\nper layer: {got / sbh:.2f} sbh measured, {expected / sbh:.2f} sbh (Korthikanti), "
+          f"ratio {got / expected:.3f}")
     assert got == pytest.approx(expected, rel=0.05), f"{got / sbh:.2f} sbh vs {expected / sbh:.2f} sbh"

@@ -53,4 +53,5 @@ def test_peak_matches_pytorch_memtracker():
         opt.step()
         opt.zero_grad(set_to_none=True)
     theirs = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    print(f"\npeak: ours {ours:,} B, MemTracker {theirs:,} B, ratio {ours / theirs:.4f}")
     assert ours == pytest.approx(theirs, rel=0.05)

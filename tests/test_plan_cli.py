@@ -57,6 +57,7 @@ def test_plot_writes_a_png(capsys, tmp_path):
     assert code == 0, err
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["timeline.png"]  # no temporary left behind
+    assert target.stat().st_mode & 0o044  # readable by others, as files written with open() are
 
 
 def test_max_batch_is_the_edge_of_fitting():
@@ -146,7 +147,8 @@ def test_an_op_without_a_formula_is_listed_as_uncosted(capsys, user_file):
     (["--model", "{file}:reads_values"], "reads a tensor's value"),
     (["--model", "{file}"], "names a file but no function"),
     (["--model", "missing.py:f"], "no such file: missing.py"),
-    (["--model", "gpt2", "--qlora"], "--qlora quantises the frozen base"),
+    (["--model", "gpt2", "--qlora"], "--qlora applies to LoRA fine-tuning (hint: add --task finetune-lora)"),
+    (["--model", "gpt2", "--lora-rank", "8"], "--lora-rank applies to LoRA fine-tuning"),
     (["--model", "gpt2", "--sharding", "zero2"], "--sharding zero2 shards over GPUs but --gpus is 1"),
     (["--model", "gpt2", "--task", "infer", "--grad-accum", "4"], "--grad-accum has no meaning for --task infer"),
     (["--model", "gpt2", "--seq", "4096"], "--seq 4096 is longer than gpt2's 1024 learned positions"),

@@ -58,6 +58,8 @@ def test_gpt2_flops_match_palm_appendix_b():
     cfg = zoo.config
     tokens = b * s
     expected = 6 * zoo.published_params * tokens + cfg.n_layer * 7 * b * s * s * cfg.n_embd
+    print(f"\nGPT-2 b={b} s={s}: {w.flops_per_step:.4e} FLOPs vs {expected:.4e}, "
+          f"ratio {w.flops_per_step / expected:.4f}")
     assert w.flops_per_step == pytest.approx(expected, rel=0.03)
     palm_like = 6 * zoo.published_params * tokens + 12 * cfg.n_layer * cfg.n_embd * s * tokens
     assert w.flops_per_step < palm_like  # causal halving outweighs the recompute

@@ -16,5 +16,16 @@ from gpuwise.hardware.detect import LocalMachine, describe_local
 
 __all__ = [
     "Accelerator", "Catalog", "DoctorReport", "Environment", "Finding", "GpuwiseError", "LocalMachine",
-    "__version__", "describe_local", "diagnose", "gather_environment", "load_catalog",
+    "MemoryPlan", "Setup", "__version__", "describe_local", "diagnose", "gather_environment", "load_catalog",
+    "plan", "plan_model",
 ]  # fmt: skip
+
+_PLANNING = {"MemoryPlan", "Setup", "plan", "plan_model"}  # these import torch, so only when asked for
+
+
+def __getattr__(name: str):
+    if name in _PLANNING:
+        import gpuwise.planning
+
+        return getattr(gpuwise.planning, name)
+    raise AttributeError(f"module 'gpuwise' has no attribute {name!r}")

@@ -169,6 +169,9 @@ def plan(
         raise GpuwiseError(f"--plot {plot}: the picture is a PNG", f"pass --plot {plot.rsplit('.', 1)[0]}.png")
     from gpuwise.planning import Setup, plan_model
 
+    if (lora_rank is not None or qlora) and task != "finetune-lora":
+        raise GpuwiseError(f"{'--qlora' if qlora else '--lora-rank'} applies to LoRA fine-tuning",
+                           "add --task finetune-lora")
     given = {"task": task, "batch": batch, "seq": seq, "image_size": image_size, "precision": precision,
              "optimizer": optimizer, "checkpointing": checkpointing, "grad_accum": grad_accum, "gpus": n_gpus,
              "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None}

@@ -40,7 +40,7 @@ def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
     for i in range(1, len(phases)):
         if phases[i] != phases[i - 1]:
             ax.axvline(i, color="grey", linewidth=0.5)
-            ax.text(i, ax.get_ylim()[1] * 0.98, f" {phases[i]}", fontsize=7, va="top", color="grey")
+            ax.text(i, ax.get_ylim()[1] * 0.01, f" {phases[i]}", fontsize=7, va="bottom", color="grey")
     if len(plan.gpus) == 1:
         cap = (plan.gpus[0].memory_bytes - plan.overhead_bytes) / GiB
         ax.axhline(cap, color="red", linewidth=1)

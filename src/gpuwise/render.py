@@ -223,7 +223,7 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     for f in plan.gpus:
         head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
         fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
-                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch) if s.training or f.max_batch else "0")
+                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch))
     console.print(fits)
     if plan.remedies:
         rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before",

@@ -127,9 +127,9 @@ class _Planner:
 
 def _micro(planner: _Planner, s: Setup, total: int, acc: Accelerator) -> int:
     """The largest micro-batch that fits ``acc`` and divides ``total`` samples per GPU (0 if none)."""
-    fit = fit_on(planner.workload(replace(s, batch=total, grad_accum=2 if total > 1 else 1), batch_model=True), acc)
     if total == 1:
-        return 1 if fit.fits else 0
+        return 1 if fit_on(planner.workload(replace(s, batch=1, grad_accum=1)), acc).fits else 0
+    fit = fit_on(planner.workload(replace(s, batch=total, grad_accum=2), batch_model=True), acc)
     return next((m for m in range(min(fit.max_batch, total), 0, -1) if total % m == 0), 0)
 
 
