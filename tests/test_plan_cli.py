@@ -180,3 +180,99 @@ def test_hf_config(capsys, tmp_path):
     data = json.loads(out)
     per_layer = 2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256  # q,o + k,v (2 of 4 heads) + MLP + norms
     assert data["params"] == 6 * per_layer + 2 * 1000 * 256 + 256
+
+
+# --- regressions found in review -----------------------------------------------------------------
+
+
+def test_remedies_skip_what_does_not_apply(capsys):
+    """ResNet blocks have no nn.Linear: no LoRA remedy, and the plan still completes."""
+    code, out, err = run(capsys, "plan", "--model", "resnet50", "--batch", "4096", "--gpu", "h100", "--json")
+    assert code == 0, err
+    names = [r["name"] for r in json.loads(out)["remedies"]]
+    assert names and not any("LoRA" in n for n in names)
+
+
+def test_gpus_without_bf16_get_fp16(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "gpt2", "--batch", "32", "--precision", "fp32", "--gpu", "t4",
+                       "--json")
+    assert code == 0
+    assert json.loads(out)["remedies"][0]["flags"] == "--precision fp16-mixed"
+
+
+def test_inference_uses_running_statistics_and_explains_a_misfit(capsys):
+    code, _, err = run(capsys, "plan", "--model", "resnet50", "--task", "infer", "--image-size", "64")
+    assert code == 0, err
+    code, out, _ = run(capsys, "plan", "--model", "llama2-70b", "--task", "infer", "--seq", "256", "--gpu",
+                       "rtx-4090")
+    assert code == 0 and "does not fit rtx-4090 even at batch 1" in out
+
+
+def test_fsdp_shards_the_frozen_lora_base():
+    one = plan_model("llama2-7b", Setup(task="finetune-lora", seq=256), gpu="h100")
+    two = plan_model("llama2-7b", Setup(task="finetune-lora", seq=256, gpus=4, sharding="fsdp"), gpu="h100")
+    assert two.peak_bytes < one.peak_bytes
+    assert two.timeline[:, 0].max() < one.timeline[:, 0].max() / 3  # weights column, 4-way sharded
+
+
+ATTENTION_DROPOUT = """
+from __future__ import annotations
+from dataclasses import dataclass
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+@dataclass
+class Cfg:
+    p: float
+
+class Attn(nn.Module):
+    def __init__(self, cfg: Cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.cfg.p, is_causal=True)
+
+def with_dropout(batch_size):
+    return Attn(Cfg(0.1)), torch.randn(batch_size, 1024, 64)
+
+def without_dropout(batch_size):
+    return Attn(Cfg(0.0)), torch.randn(batch_size, 1024, 64)
+"""
+
+
+def test_attention_dropout_keeps_the_flash_path(capsys, tmp_path):
+    """CUDA flash attention drops out inside the kernel: no s x s matrix is saved (a dataclass in the file, too)."""
+    path = tmp_path / "attn.py"
+    path.write_text(ATTENTION_DROPOUT)
+    peaks = []
+    for fn in ("with_dropout", "without_dropout"):
+        code, out, err = run(capsys, "plan", "--model", f"{path}:{fn}", "--batch", "4", "--json")
+        assert code == 0, err
+        peaks.append(json.loads(out)["peak_bytes"])
+    assert peaks[0] == peaks[1]
+
+
+def test_optimizer_means_nothing_for_inference(capsys):
+    code, _, err = run(capsys, "plan", "--model", "gpt2", "--task", "infer", "--optimizer", "sgd")
+    assert code == 2 and "--optimizer has no meaning for --task infer" in err
+
+
+def test_hf_config_dtype_and_layer_types(capsys, tmp_path):
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "qwen3", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500,
+           "max_position_embeddings": 256, "layer_types": ["full_attention"] * 4}
+    peaks = []
+    for extra in ({}, {"torch_dtype": "bfloat16"}):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**cfg, **extra}))
+        code, out, err = run(capsys, "plan", "--hf-config", str(path), "--seq", "64", "--json")
+        assert code == 0, err
+        peaks.append(json.loads(out)["peak_bytes"])
+    assert peaks[0] == peaks[1]  # the setup's precision decides, not the config's dtype
+    code, _, err = run(capsys, "plan", "--hf-config", str(path), "--seq", "512")
+    assert code == 2 and "longer than the config's 256 positions" in err

@@ -21,7 +21,8 @@ MLP = ZooSource(zoo=get_model("mlp"))
 def _model_states(setup: Setup) -> tuple[float, int]:
     """Weights + gradients + optimizer state per GPU once all gradients exist, and the parameter count."""
     w = simulate(MLP, capture_setup(setup), batch_model=False)
-    tl = shard(w.timeline, setup, trainable_params=w.trainable_params, block_params=w.block_params)
+    tl = shard(w.timeline, setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
+               block_trainable_params=w.block_trainable_params)
     return float(tl.live(setup.batch)[:, STATES].sum(axis=1).max()), w.params
 
 

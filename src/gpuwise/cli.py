@@ -169,6 +169,9 @@ def plan(
         raise GpuwiseError(f"--plot {plot}: the picture is a PNG", f"pass --plot {plot.rsplit('.', 1)[0]}.png")
     from gpuwise.planning import Setup, plan_model
 
+    training_only = [f for f, v in (("--optimizer", optimizer), ("--checkpointing", checkpointing)) if v is not None]
+    if task == "infer" and training_only:
+        raise GpuwiseError(f"{training_only[0]} has no meaning for --task infer", f"drop {training_only[0]}")
     if (lora_rank is not None or qlora) and task != "finetune-lora":
         raise GpuwiseError(f"{'--qlora' if qlora else '--lora-rank'} applies to LoRA fine-tuning",
                            "add --task finetune-lora")

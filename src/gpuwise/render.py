@@ -184,15 +184,16 @@ _FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
 
 def render_plan(plan: MemoryPlan, console: Console) -> None:
     s = plan.setup
+    unit = "token" if plan.tokens_per_step > s.batch * s.grad_accum else "sample"
     console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
-                  f"{'tokens' if plan.tokens_per_step > s.batch * s.grad_accum else 'samples'} per step")
+                  f"{unit}s per step")
     head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
     head.add_column(style="bold", no_wrap=True)
     head.add_column(overflow="fold")
     trainable = f" ({_count(plan.trainable_params)} trainable)" if plan.trainable_params != plan.params else ""
     head.add_row("parameters", f"{_count(plan.params)}{trainable}")
     per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
-    head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per token; matmuls and attention)")
+    head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
                  f"{human_bytes(plan.overhead_bytes)} CUDA context and workspaces")
     if s.training:
@@ -236,8 +237,12 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
             rem.add_row(r.name, r.flags, human_bytes(r.required_bytes),
                         Text("yes", style="green") if r.fits else Text("no", style="red"))
         console.print(rem)
-    elif plan.gpus and not any(f.fits for f in plan.gpus):
-        console.print(f"fits none of these; pass --gpu NAME for remedies ({plan.gpu} by default)")
+    elif not plan.fits:
+        if s.training:
+            console.print(f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
+        else:
+            console.print(f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than "
+                          "it has (tensor parallelism and weight quantisation are not planned yet)")
 
 
 def render_models(models: list[ZooModel], console: Console) -> None:

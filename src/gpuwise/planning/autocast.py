@@ -1,5 +1,9 @@
 """CUDA behaviour the CPU path does not have, emulated on CPU tensors: autocast's op lists, and dropout.
 
+Attention dropout: CUDA flash attention drops out inside the kernel (keeping an RNG seed and offset);
+the CPU flash kernel has no dropout and falls back to the math path, which saves the s x s matrix.
+So SDPA runs with dropout_p=0 here: same memory and FLOPs as the GPU kernel.
+
 Dropout: on the CPU ``F.dropout`` multiplies by a noise tensor of the input's dtype and saves it (2 or
 4 bytes per element); CUDA runs the fused ``native_dropout`` (aten/src/ATen/native/Dropout.cpp,
 ``is_fused_kernel_acceptable``), whose mask is bool, 1 byte, as Korthikanti et al. count it.
@@ -69,6 +73,14 @@ class CudaEmulation(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name == "scaled_dot_product_attention" and (kwargs.get("dropout_p") or (len(args) > 4 and args[4])):
+            # CUDA flash attention applies dropout inside the kernel and keeps only the RNG seed and offset;
+            # the CPU kernel cannot, and would fall back to the math path that saves the s x s matrix.
+            if len(args) > 4:
+                args = (*args[:4], 0.0, *args[5:])
+            else:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+            return self.__torch_function__(func, types, args, kwargs)
         if name == "dropout":
             x = args[0]
             p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)

@@ -49,7 +49,8 @@ class Capture:
     uncosted: dict[str, int]
     params: int
     trainable_params: int
-    block_params: int  # parameters of the largest block (what FSDP gathers at once)
+    block_bytes: int  # parameters and buffers of the largest block: what FSDP gathers at once
+    block_trainable_params: int  # trainable parameters of that block: what FSDP reduces at once
     measured_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated() over the step, on a real GPU
 
 
@@ -163,7 +164,6 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         model = built.model
         params = sum(p.numel() for p in model.parameters())
         blocks = find_blocks(model)
-        block_params = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0) if blocks else 0
         if setup.task == "finetune-lora":
             apply_lora(model, blocks, rank=setup.lora_rank, adapter_dtype=setup.weight_dtype,
                        quantize_base=setup.qlora, compute_dtype=setup.compute_dtype)
@@ -173,6 +173,14 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                                    "put the layers in an nn.ModuleList, or pass --checkpointing none")
             # torch.utils.checkpoint restores real autocast by itself; our emulation must be re-entered
             apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False))
+        if not setup.training:
+            model.eval()  # BatchNorm uses its running statistics, dropout is off
+        largest = max(blocks, key=lambda b: sum(t.numel() * t.element_size() for t in (*b.parameters(),
+                                                                                       *b.buffers())),
+                      default=None) if blocks is not None else None
+        block_bytes = sum(t.numel() * t.element_size() for t in (*largest.parameters(), *largest.buffers())) \
+            if largest is not None else 0
+        block_trainable = sum(p.numel() for p in largest.parameters() if p.requires_grad) if largest is not None else 0
         trainable = [p for p in model.parameters() if p.requires_grad]
         if setup.training and not trainable:
             raise GpuwiseError("the model has no trainable parameters", "plan --task infer, or unfreeze some weights")
@@ -233,24 +241,24 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                 for _ in range(micro):
                     backward(forward())
                     marks.append(tracker.marks["end_of_forward"])
-                fb_flops = tracker.flops
+                fb_flops, fb_bytes = tracker.flops, tracker.bytes_moved
                 optimizer_step()
                 end_of_forward = marks[0]
             else:
                 with torch.no_grad():
                     forward()
-                fb_flops = tracker.flops
+                fb_flops, fb_bytes = tracker.flops, tracker.bytes_moved
                 end_of_forward = tracker.marks["end_of_forward"]
         for h in handles:
             h.remove()
         measured = torch.cuda.max_memory_allocated() if device == "cuda" else None
         opt_flops = tracker.flops - fb_flops
         flops_per_step = fb_flops * setup.grad_accum // micro + opt_flops
-        bytes_total = sum(tracker.bytes_by_op.values())
+        bytes_per_step = fb_bytes * setup.grad_accum // micro + tracker.bytes_moved - fb_bytes
         return Capture(
             batch=batch, n_layer=n_layer, labels=tuple(tracker.labels), ops=tuple(tracker.ops),
             live=tracker.timeline(), end_of_forward=end_of_forward, flops_per_step=flops_per_step,
-            flops_by_op=dict(tracker.flops_by_op), bytes_per_step=bytes_total * setup.grad_accum // micro,
+            flops_by_op=dict(tracker.flops_by_op), bytes_per_step=bytes_per_step,
             uncosted=dict(tracker.uncosted), params=params, trainable_params=sum(p.numel() for p in trainable),
-            block_params=block_params, measured_peak_bytes=measured,
+            block_bytes=block_bytes, block_trainable_params=block_trainable, measured_peak_bytes=measured,
         )

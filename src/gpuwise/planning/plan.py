@@ -12,8 +12,9 @@ from typing import Literal
 
 import numpy as np
 
+from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
-from gpuwise.planning.setup import MAX_BATCH, Setup
+from gpuwise.planning.setup import MAX_ACCUM, MAX_BATCH, Setup
 from gpuwise.planning.sharding import capture_setup, shard
 from gpuwise.planning.source import resolve_source
 from gpuwise.planning.tracker import CATEGORIES
@@ -76,7 +77,8 @@ class MemoryPlan:
     activations_bytes: int  # saved for backward at the end of the forward pass
     breakdown: dict[str, int]  # by category, at the peak
     peak_at: str  # phase (and block) of the peak
-    gpu: str  # the GPU that max_batch and remedies refer to
+    gpu: str  # the GPU that fits, max_batch and remedies refer to
+    fits: bool
     max_batch: int
     gpus: tuple[GpuFit, ...]
     remedies: tuple[Remedy, ...]
@@ -87,7 +89,8 @@ class MemoryPlan:
 
 
 def _per_gpu(w: Workload, tl) -> object:
-    return shard(tl, w.setup, trainable_params=w.trainable_params, block_params=w.block_params)
+    return shard(tl, w.setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
+                 block_trainable_params=w.block_trainable_params)
 
 
 def fit_on(w: Workload, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES) -> GpuFit:
@@ -127,8 +130,9 @@ class _Planner:
 
 def _micro(planner: _Planner, s: Setup, total: int, acc: Accelerator) -> int:
     """The largest micro-batch that fits ``acc`` and divides ``total`` samples per GPU (0 if none)."""
-    if total == 1:
-        return 1 if fit_on(planner.workload(replace(s, batch=1, grad_accum=1)), acc).fits else 0
+    if total == 1 or not s.training:
+        fit = fit_on(planner.workload(replace(s, batch=1, grad_accum=1), batch_model=total > 1), acc)
+        return 0 if not fit.fits else 1 if total == 1 else min(fit.max_batch, total)
     fit = fit_on(planner.workload(replace(s, batch=total, grad_accum=2), batch_model=True), acc)
     return next((m for m in range(min(fit.max_batch, total), 0, -1) if total % m == 0), 0)
 
@@ -138,43 +142,68 @@ def _with_micro(s: Setup, micro: int, total: int) -> Setup:
 
 
 def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]:
-    """bf16, checkpointing, a smaller micro-batch with accumulation, sharding, then LoRA/QLoRA; cumulative."""
+    """bf16, checkpointing, a smaller micro-batch with accumulation, sharding, then LoRA/QLoRA; cumulative.
+
+    A remedy that does not apply to this model (LoRA on a network without linear layers in its blocks,
+    checkpointing without blocks, more accumulation steps than we allow) is left out.
+    """
     out: list[Remedy] = []
+
+    def attempt(name: str, flags: str, s: Setup) -> Remedy | None:
+        try:
+            r = planner.remedy(name, flags, s, acc)
+        except GpuwiseError:
+            return None
+        out.append(r)
+        return r
+
+    def fitted() -> bool:
+        return bool(out) and out[-1].fits
+
     s = setup
     total = s.batch * s.grad_accum  # samples per GPU per optimizer step; the global batch is total x gpus
-    if s.training and s.precision in ("fp32", "tf32", "fp16-mixed"):
-        s = replace(s, precision="bf16-mixed")
-        out.append(planner.remedy("bf16 mixed precision", "--precision bf16-mixed", s, acc))
-    if s.training and s.checkpointing == "none":
+    if not s.training:
+        micro = _micro(planner, s, s.batch, acc) if s.batch > 1 else 0
+        if micro:
+            attempt(f"smaller batch {micro}", f"--batch {micro}", replace(s, batch=micro))
+        return out
+    if s.precision in ("fp32", "tf32"):
+        half = "bf16-mixed" if acc.peak_tflops.get("bf16") else "fp16-mixed"  # no bf16 before Ampere
+        if attempt(f"{half[:4]} mixed precision", f"--precision {half}", replace(s, precision=half)):
+            s = replace(s, precision=half)
+    if s.checkpointing == "none" and attempt("activation checkpointing", "--checkpointing full",
+                                             replace(s, checkpointing="full")):
         s = replace(s, checkpointing="full")
-        out.append(planner.remedy("activation checkpointing", "--checkpointing full", s, acc))
-    if s.training and s.batch > 1 and not (out and out[-1].fits):
+    if s.batch > 1 and not fitted():
         micro = _micro(planner, s, total, acc)
-        if 0 < micro < s.batch:
-            s = _with_micro(s, micro, total)
-            out.append(planner.remedy(f"micro-batch {micro} x {total // micro} accumulation (same batch)",
-                                      f"--batch {micro} --grad-accum {total // micro}", s, acc))
+        if 0 < micro < s.batch and total // micro <= MAX_ACCUM:
+            m = _with_micro(s, micro, total)
+            if attempt(f"micro-batch {micro} x {total // micro} accumulation (same batch)",
+                       f"--batch {micro} --grad-accum {total // micro}", m):
+                s = m
     single = s
-    if s.training and not (out and out[-1].fits):
+    if not fitted():
         global_batch = total * s.gpus
         for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
             per_gpu = max(global_batch // n, 1)
             sharded = replace(s, gpus=n, sharding="fsdp")
-            micro = _micro(planner, sharded, per_gpu, acc)
-            if micro or n == 1024:
+            try:
+                micro = _micro(planner, sharded, per_gpu, acc)
+            except GpuwiseError:
+                break
+            if (micro or n == 1024) and per_gpu // max(micro, 1) <= MAX_ACCUM:
                 sharded = _with_micro(sharded, max(micro, 1), per_gpu)
                 flags = f"--gpus {n} --sharding fsdp"
                 if (sharded.batch, sharded.grad_accum) != (s.batch, s.grad_accum):
                     flags += f" --batch {sharded.batch} --grad-accum {sharded.grad_accum}"
-                out.append(planner.remedy(f"FSDP over {n} GPUs (global batch {per_gpu * n})", flags, sharded, acc))
+                attempt(f"FSDP over {n} GPUs (global batch {per_gpu * n})", flags, sharded)
                 break
     if single.task == "train":
         lora = replace(single, task="finetune-lora")
-        out.append(planner.remedy(f"LoRA rank {lora.lora_rank} (fine-tuning only)",
-                                  f"--task finetune-lora --lora-rank {lora.lora_rank}", lora, acc))
-        out.append(planner.remedy("QLoRA, 4-bit base (fine-tuning only)",
-                                  f"--task finetune-lora --lora-rank {lora.lora_rank} --qlora",
-                                  replace(lora, qlora=True), acc))
+        attempt(f"LoRA rank {lora.lora_rank} (fine-tuning only)",
+                f"--task finetune-lora --lora-rank {lora.lora_rank}", lora)
+        attempt("QLoRA, 4-bit base (fine-tuning only)",
+                f"--task finetune-lora --lora-rank {lora.lora_rank} --qlora", replace(lora, qlora=True))
     return out
 
 
@@ -198,7 +227,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, catalog: Catalog | Non
         activations_bytes=int(live[tl.end_of_forward, CATEGORIES.index("activations")]) if setup.training else 0,
         breakdown={c: int(v) for c, v in zip(CATEGORIES, live[i], strict=True)},
         peak_at=phase if block is None or block < 0 else f"{phase}, block {block}",
-        gpu=primary.key, max_batch=mine.max_batch, gpus=fits,
+        gpu=primary.key, fits=mine.fits, max_batch=mine.max_batch, gpus=fits,
         remedies=tuple(_remedies(planner, setup, primary)) if not mine.fits else (),
         uncosted=w.uncosted, captured_blocks=w.captured_blocks,
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),

@@ -16,6 +16,7 @@ Checkpointing = Literal["none", "full"]
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 
 MAX_BATCH = 1 << 20
+MAX_ACCUM = 1 << 16
 
 
 def _choice(field: str, value: str, kind: object) -> None:
@@ -61,7 +62,7 @@ class Setup:
         _positive("batch", self.batch, MAX_BATCH)
         _positive("seq", self.seq, 1 << 24)
         _positive("image_size", self.image_size, 1 << 14)
-        _positive("grad_accum", self.grad_accum, 1 << 16)
+        _positive("grad_accum", self.grad_accum, MAX_ACCUM)
         _positive("gpus", self.gpus, 1 << 16)
         _positive("lora_rank", self.lora_rank, 1 << 14)
         if self.qlora and self.task != "finetune-lora":

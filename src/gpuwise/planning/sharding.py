@@ -11,9 +11,10 @@ optimizer columns of each sample (and to the optimizer's temporaries, which foll
   the fp32 copies are added here.
   ZeRO-1: 16-bit model and gradients, fp32 master + Adam states sharded: 4P + KP/N (K = 12).
   ZeRO-2: the 16-bit gradients sharded too: 2P + (2 + K)P/N.
-  FSDP: fp32 weights, gradients and states all sharded, 16P/N, plus while forward and backward
-  run the 16-bit parameters of the block computing and of the one prefetched, and in backward
-  one block's unsharded fp32 gradient (reduce-scatter in fp32).
+  FSDP: fp32 weights, gradients and states all sharded, 16P/N (frozen weights keep their dtype,
+  sharded too), plus while forward and backward run the 16-bit parameters of the block computing
+  and of the one prefetched, and in backward one block's unsharded fp32 gradient (reduce-scatter
+  in fp32).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def capture_setup(setup: Setup) -> Setup:
     return replace(setup, gpus=1, sharding="ddp")
 
 
-def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_params: int) -> Timeline:
+def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int, block_trainable_params: int
+          ) -> Timeline:
     """The timeline one of ``setup.gpus`` GPUs sees under ``setup.sharding`` (``tl`` from ``capture_setup``)."""
     n = setup.gpus
     if n == 1 or not setup.training:
@@ -58,10 +60,11 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_params: in
             x[:, OPT] = (x[:, OPT] * widen + constant * (trainable_params * 4 if setup.mixed else 0)) / n
             if setup.sharding == "zero2":
                 x[:, G] /= n
-        else:  # fsdp
-            x[:, (W, G, OPT)] *= widen / n
-            x[~opt, T] += constant * 2 * block_params * (half if setup.mixed else setup.weight_dtype.itemsize)
-            x[phases == "backward", T] += constant * block_params * 4
+        else:  # fsdp: frozen weights (LoRA's base) keep their dtype, trainable ones get an fp32 master
+            x[:, W] = (x[:, W] + constant * trainable_params * (widen - 1) * half) / n
+            x[:, (G, OPT)] *= widen / n
+            x[~opt, T] += constant * 2 * block_bytes  # this block and the prefetched one, gathered
+            x[phases == "backward", T] += constant * block_trainable_params * (4 if setup.mixed else half)
         return x
 
     return replace(tl, base=apply(tl.base, 1.0), slope=apply(tl.slope, 0.0))

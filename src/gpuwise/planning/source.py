@@ -5,12 +5,14 @@ Every source builds *inside* the fake mode, so nothing is allocated and nothing 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -94,6 +96,28 @@ class ZooSource:
                      kv_cache_shape=kv)
 
 
+@functools.lru_cache(maxsize=8)
+def _import_file(path: str, mtime_ns: int) -> ModuleType:
+    """Import a user's file once (per modification), registered in sys.modules as dataclasses need."""
+    name = f"gpuwise_user_{abs(hash((path, mtime_ns)))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise GpuwiseError(f"{path} is not a Python file", "pass --model path/to/file.py:function")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    folder = str(Path(path).parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's module: report its error in one line
+        del sys.modules[name]
+        raise GpuwiseError(f"importing {path} raised {type(exc).__name__}: {exc}",
+                           "fix the file, or run it with python to see the traceback") from exc
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
 @dataclass(frozen=True, kw_only=True)
 class FileSource:
     """``path/to/file.py:function`` where ``function(batch_size)`` returns ``(model, inputs)``."""
@@ -118,18 +142,7 @@ class FileSource:
     def load(self) -> Callable[[int], Any]:
         if not self.path.is_file():
             raise GpuwiseError(f"no such file: {self.path}", "pass --model path/to/file.py:function")
-        spec = importlib.util.spec_from_file_location(f"gpuwise_user_{abs(hash(self.path))}", self.path)
-        if spec is None or spec.loader is None:
-            raise GpuwiseError(f"{self.path} is not a Python file", "pass --model path/to/file.py:function")
-        module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(self.path.parent))
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # the user's module: report its error in one line
-            raise GpuwiseError(f"importing {self.path} raised {type(exc).__name__}: {exc}",
-                               "fix the file, or run it with python to see the traceback") from exc
-        finally:
-            sys.path.remove(str(self.path.parent))
+        module = _import_file(str(self.path.resolve()), self.path.stat().st_mtime_ns)
         fn = getattr(module, self.function, None)
         if not callable(fn):
             found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
@@ -190,21 +203,34 @@ class HFSource:
 
     @property
     def n_layer(self) -> int | None:
-        return self.config.get("num_hidden_layers")
+        """Blocks to scale, unless they differ from each other (``layer_types``: sliding and full attention)."""
+        if "layer_types" in self.config or not isinstance(self.config.get("num_hidden_layers"), int):
+            return None
+        return self.config["num_hidden_layers"]
+
+    @property
+    def max_positions(self) -> int | None:
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"):
+            if isinstance(self.config.get(key), int):
+                return self.config[key]
+        return None
 
     def check(self, setup: Setup) -> None:
         if setup.image_size is not None:
             raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
+        if setup.seq is not None and self.max_positions is not None and setup.seq > self.max_positions:
+            raise GpuwiseError(f"--seq {setup.seq} is longer than the config's {self.max_positions} positions",
+                               f"pass --seq {self.max_positions} or less")
 
     def tokens(self, setup: Setup) -> int:
-        return setup.seq or 2048
+        return setup.seq or min(2048, self.max_positions or 2048)
 
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
         try:
             import transformers
         except ImportError:
             raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
-        cfg_dict = dict(self.config)
+        cfg_dict = {k: v for k, v in self.config.items() if k not in ("torch_dtype", "dtype")}  # the setup decides
         if n_layer is not None:
             cfg_dict["num_hidden_layers"] = n_layer
         try:
@@ -214,7 +240,7 @@ class HFSource:
         except Exception as exc:
             raise GpuwiseError(f"transformers could not build {self.path}: {type(exc).__name__}: {exc}",
                                "check model_type and the fields of config.json") from exc
-        seq = setup.seq or 2048
+        seq = self.tokens(setup)
         vocab = int(getattr(config, "vocab_size", 32000))
         ids = torch.randint(vocab, (batch, seq))
 

@@ -195,6 +195,11 @@ class Tracker(TorchDispatchMode):
     def flops(self) -> int:
         return sum(self.flops_by_op.values())
 
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes read and written by the ops so far (inputs + outputs of each)."""
+        return sum(self.bytes_by_op.values())
+
     def timeline(self) -> np.ndarray:
         """Live bytes, shape (samples, len(CATEGORIES)); storages that predate the first sample count from it."""
         n = len(self.labels)

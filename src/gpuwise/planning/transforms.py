@@ -109,6 +109,9 @@ def apply_lora(model: nn.Module, blocks: nn.ModuleList | None, *, rank: int, ada
     if blocks is None:
         raise GpuwiseError("--task finetune-lora: the model has no repeated blocks (an nn.ModuleList) to adapt",
                            "put the layers to fine-tune in an nn.ModuleList, or plan --task train")
+    if not any(isinstance(m, nn.Linear) for block in blocks for m in block.modules()):
+        raise GpuwiseError("--task finetune-lora adapts the nn.Linear layers inside the blocks, and this model's "
+                           "blocks have none", "plan --task train")
     model.requires_grad_(False)
     frozen = sum(p.numel() for p in model.parameters())
     for block in blocks:

@@ -19,7 +19,8 @@ class Workload:
     setup: Setup
     params: int
     trainable_params: int
-    block_params: int
+    block_bytes: int  # what FSDP gathers at once
+    block_trainable_params: int
     flops_per_step: int
     bytes_per_step: int
     tokens_per_step: int
@@ -74,7 +75,8 @@ def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
 
             return Workload(
                 model=source.name, setup=setup, params=lin(c2.params, c3.params),
-                trainable_params=lin(c2.trainable_params, c3.trainable_params), block_params=c3.block_params,
+                trainable_params=lin(c2.trainable_params, c3.trainable_params), block_bytes=c3.block_bytes,
+                block_trainable_params=c3.block_trainable_params,
                 flops_per_step=lin(c2.flops_per_step, c3.flops_per_step),
                 bytes_per_step=lin(c2.bytes_per_step, c3.bytes_per_step), tokens_per_step=tokens,
                 timeline=timeline, batch_model=model,
@@ -87,6 +89,7 @@ def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
     c, timeline, model = _timelines(source, setup, None, batch_model)
     return Workload(
         model=source.name, setup=setup, params=c.params, trainable_params=c.trainable_params,
-        block_params=c.block_params, flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step,
+        block_bytes=c.block_bytes, block_trainable_params=c.block_trainable_params,
+        flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step,
         tokens_per_step=tokens, timeline=timeline, batch_model=model, uncosted=c.uncosted, captured_blocks=None,
     )
