@@ -276,3 +276,19 @@ def test_hf_config_dtype_and_layer_types(capsys, tmp_path):
     assert peaks[0] == peaks[1]  # the setup's precision decides, not the config's dtype
     code, _, err = run(capsys, "plan", "--hf-config", str(path), "--seq", "512")
     assert code == 2 and "longer than the config's 256 positions" in err
+
+
+def test_remedies_default_to_this_machines_gpu(capsys, monkeypatch):
+    from conftest import cuda_env, gpu, nvml
+    from gpuwise import environment
+    from gpuwise.units import GiB
+
+    name = "NVIDIA GeForce RTX 4090"
+    env = cuda_env(name=name, cc=(8, 9), torch_changes={"devices": (gpu(name, (8, 9), memory=24 * GiB),)},
+                   nvml_devices=(nvml(name, (8, 9), memory=24 * GiB),))
+    monkeypatch.setattr(environment, "gather_environment", lambda environ: env)
+    code, out, _ = run(capsys, "plan", *SMALL, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["gpu"] == "rtx-4090"
+    assert len(data["gpus"]) == len(load_catalog())
+    assert data["max_batch"] == next(g["max_batch"] for g in data["gpus"] if g["gpu"] == "rtx-4090")

@@ -140,7 +140,8 @@ def plan(
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
     gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
-                                                 "fit (default: every catalog GPU; remedies for h100-sxm).")] = None,
+                                                 "fit (default: every catalog GPU; remedies for this machine's "
+                                                 "GPU, else h100-sxm).")] = None,
     plot: Annotated[str | None, typer.Option(help="Draw the memory timeline to this PNG file.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
@@ -179,7 +180,16 @@ def plan(
              "optimizer": optimizer, "checkpointing": checkpointing, "grad_accum": grad_accum, "gpus": n_gpus,
              "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None}
     setup = Setup(**{k: v for k, v in given.items() if v is not None})
-    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu)
+    primary = None
+    if gpu is None:  # remedies for this machine's GPU when the catalog knows it
+        from gpuwise.environment import gather_environment
+        from gpuwise.hardware.catalog import load_catalog
+        from gpuwise.hardware.detect import describe_local
+
+        local = describe_local(gather_environment(os.environ), load_catalog())
+        primary = next((d.catalog_match.key for d in local.devices
+                        if d.catalog_match is not None and d.backend != "cpu"), None)
+    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary)
     if plot is not None:
         from gpuwise.plot import plot_plan
 

@@ -207,10 +207,14 @@ def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]
     return out
 
 
-def plan(source, setup: Setup, *, gpu: str | None = None, catalog: Catalog | None = None) -> MemoryPlan:
-    """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU."""
+def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = None,
+         catalog: Catalog | None = None) -> MemoryPlan:
+    """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU.
+
+    ``max_batch`` and the remedies are for ``gpu``, else ``primary`` (this machine's GPU, say), else the H100 SXM.
+    """
     catalog = catalog or load_catalog()
-    primary = catalog.get(gpu or DEFAULT_GPU)
+    primary = catalog.get(gpu or primary or DEFAULT_GPU)
     planner = _Planner(source)
     w = planner.workload(setup, batch_model=True)
     tl = _per_gpu(w, w.timeline)
@@ -235,6 +239,6 @@ def plan(source, setup: Setup, *, gpu: str | None = None, catalog: Catalog | Non
 
 
 def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,
-               catalog: Catalog | None = None) -> MemoryPlan:
+               primary: str | None = None, catalog: Catalog | None = None) -> MemoryPlan:
     """``plan`` for ``--model NAME``, ``--model file.py:function`` or ``--hf-config PATH``."""
-    return plan(resolve_source(model, hf_config), setup, gpu=gpu, catalog=catalog)
+    return plan(resolve_source(model, hf_config), setup, gpu=gpu, primary=primary, catalog=catalog)
