@@ -292,3 +292,16 @@ def test_remedies_default_to_this_machines_gpu(capsys, monkeypatch):
     assert code == 0 and data["gpu"] == "rtx-4090"
     assert len(data["gpus"]) == len(load_catalog())
     assert data["max_batch"] == next(g["max_batch"] for g in data["gpus"] if g["gpu"] == "rtx-4090")
+
+
+def test_hf_config_builds_the_architecture_it_names(capsys, tmp_path):
+    """A BertForSequenceClassification config gives HF's own BERT-large: the same count as our zoo's."""
+    pytest.importorskip("transformers")
+    cfg = {"architectures": ["BertForSequenceClassification"], "model_type": "bert", "hidden_size": 1024,
+           "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096, "vocab_size": 30522,
+           "max_position_embeddings": 512, "type_vocab_size": 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, err = run(capsys, "plan", "--hf-config", str(path), "--seq", "64", "--json")
+    assert code == 0, err
+    assert json.loads(out)["params"] == MODELS["bert-large"].published_params

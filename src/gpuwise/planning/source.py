@@ -233,22 +233,39 @@ class HFSource:
         cfg_dict = {k: v for k, v in self.config.items() if k not in ("torch_dtype", "dtype")}  # the setup decides
         if n_layer is not None:
             cfg_dict["num_hidden_layers"] = n_layer
+        # The class the config names (BertForSequenceClassification, LlamaForCausalLM, ...), else a causal LM.
+        arch = next(iter(cfg_dict.get("architectures") or []), None)
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
         try:
             config = transformers.AutoConfig.for_model(**cfg_dict)
-            config._attn_implementation = "sdpa"
-            model = transformers.AutoModelForCausalLM.from_config(config)
+            # SDPA unless the config asks otherwise ("eager" keeps the s x s attention matrix, as it does on GPUs)
+            config._attn_implementation = self.config.get("attn_implementation") or "sdpa"
+            model = cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
         except Exception as exc:
             raise GpuwiseError(f"transformers could not build {self.path}: {type(exc).__name__}: {exc}",
                                "check model_type and the fields of config.json") from exc
         seq = self.tokens(setup)
         vocab = int(getattr(config, "vocab_size", 32000))
         ids = torch.randint(vocab, (batch, seq))
+        name = type(model).__name__
+        if name.endswith(("ForSequenceClassification", "ForTokenClassification")):
+            shape = (batch,) if name.endswith("ForSequenceClassification") else (batch, seq)
+            labels = torch.randint(max(int(getattr(config, "num_labels", 2)), 1), shape)
+        elif name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")):
+            labels = ids
+        else:
+            labels = None  # a bare model: the loss is output.float().square().mean()
 
         def run(model, inputs, targets, kv_cache):
-            out = model(input_ids=inputs[0], labels=targets if setup.training else None, use_cache=False)
-            return out.loss if setup.training else out.logits
+            kwargs = {"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}
+            if targets is not None:
+                kwargs["labels"] = targets
+            out = model(input_ids=inputs[0], **kwargs)
+            if not setup.training:
+                return out
+            return out.loss if targets is not None else _scalar_loss(getattr(out, "last_hidden_state", out))
 
-        return Built(model=model, inputs=(ids,), targets=ids if setup.training else None, run=run)
+        return Built(model=model, inputs=(ids,), targets=labels if setup.training else None, run=run)
 
 
 def resolve_source(model: str | None, hf_config: str | None) -> ZooSource | FileSource | HFSource:
