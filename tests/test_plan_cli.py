@@ -71,18 +71,25 @@ def test_max_batch_is_the_edge_of_fitting():
 
 
 def test_remedies_in_order_with_flags(capsys):
-    code, out, _ = run(capsys, "plan", "--model", "llama2-7b", "--seq", "2048", "--batch", "8", "--precision",
-                       "fp32", "--gpu", "rtx-4090", "--json")
+    command = ["plan", "--model", "llama2-7b", "--seq", "2048", "--batch", "8", "--precision", "fp32", "--gpu",
+               "rtx-4090", "--json"]
+    code, out, _ = run(capsys, *command)
     data = json.loads(out)
     assert code == 0 and not data["gpus"][0]["fits"]
     names = [r["name"] for r in data["remedies"]]
     assert names[:2] == ["bf16 mixed precision", "activation checkpointing"]
-    fsdp = next(r for r in data["remedies"] if r["name"].startswith("FSDP over"))
-    assert fsdp["fits"] and "--sharding fsdp" in fsdp["flags"]
-    assert names[-2:] == ["LoRA rank 16 (fine-tuning only)", "QLoRA, 4-bit base (fine-tuning only)"]
+    assert names[-2:] == ["LoRA rank 16, one GPU (fine-tuning only)", "QLoRA, 4-bit base, one GPU (fine-tuning only)"]
     needs = [data["gpus"][0]["required_bytes"]] + [r["required_bytes"] for r in data["remedies"][:3]]
     assert needs == sorted(needs, reverse=True) and needs[1] < needs[0]
-    assert data["remedies"][-1]["flags"] == "--task finetune-lora --lora-rank 16 --qlora"
+    assert data["remedies"][1]["flags"] == "--precision bf16-mixed --checkpointing full"
+    assert data["remedies"][-1]["flags"].startswith("--task finetune-lora --precision bf16-mixed")
+    assert data["remedies"][-1]["flags"].endswith("--lora-rank 16 --qlora")
+    # the flags are the whole change: adding them to the command gives the memory the remedy shows
+    fsdp = next(r for r in data["remedies"] if r["name"].startswith("FSDP over"))
+    assert fsdp["fits"] and "--sharding fsdp" in fsdp["flags"]
+    code, out, _ = run(capsys, *command, *fsdp["flags"].split())
+    again = json.loads(out)
+    assert code == 0 and again["gpus"][0]["required_bytes"] == fsdp["required_bytes"] and again["gpus"][0]["fits"]
 
 
 USER_MODEL = """
@@ -201,7 +208,7 @@ def test_gpus_without_bf16_get_fp16(capsys):
 
 
 def test_inference_uses_running_statistics_and_explains_a_misfit(capsys):
-    code, _, err = run(capsys, "plan", "--model", "resnet50", "--task", "infer", "--image-size", "64")
+    code, _, err = run(capsys, "plan", "--model", "resnet50", "--task", "infer", "--image-size", "32")
     assert code == 0, err
     code, out, _ = run(capsys, "plan", "--model", "llama2-70b", "--task", "infer", "--seq", "256", "--gpu",
                        "rtx-4090")
@@ -305,3 +312,49 @@ def test_hf_config_builds_the_architecture_it_names(capsys, tmp_path):
     code, out, err = run(capsys, "plan", "--hf-config", str(path), "--seq", "64", "--json")
     assert code == 0, err
     assert json.loads(out)["params"] == MODELS["bert-large"].published_params
+
+
+TORCH_TRANSFORMER = """
+import torch
+from torch import nn
+
+def encoder(batch_size, dropout=0.1):
+    layer = nn.TransformerEncoderLayer(128, 4, 512, dropout=dropout, batch_first=True)
+    return nn.TransformerEncoder(layer, 2), torch.randn(batch_size, 512, 128)
+
+def encoder_no_dropout(batch_size):
+    return encoder(batch_size, dropout=0.0)
+
+def converts(batch_size):
+    return nn.Linear(8, 8).to(torch.bfloat16), torch.randn(batch_size, 8)
+"""
+
+
+def test_multihead_attention_dropout_stays_in_the_kernel(capsys, tmp_path):
+    """nn.MultiheadAttention calls SDPA from inside F.multi_head_attention_forward: its dropout must not bring
+    back the s x s matrix (2 layers x 4 x 4 heads x 512^2 x 4 B = 32 MiB per matrix kept)."""
+    path = tmp_path / "enc.py"
+    path.write_text(TORCH_TRANSFORMER)
+    peaks = {}
+    for fn in ("encoder", "encoder_no_dropout"):
+        code, out, err = run(capsys, "plan", "--model", f"{path}:{fn}", "--batch", "4", "--gpu", "h100", "--json")
+        assert code == 0, err
+        peaks[fn] = json.loads(out)["peak_bytes"]
+    assert peaks["encoder"] - peaks["encoder_no_dropout"] < 4 * 4 * 512 * 512 * 4  # less than one s x s matrix
+    code, out, err = run(capsys, "plan", "--model", f"{path}:encoder", "--task", "finetune-lora", "--json")
+    assert code == 0, err
+    assert json.loads(out)["trainable_params"] == 2 * 16 * ((128 + 512) + (512 + 128))  # the MLPs, not MHA
+
+
+def test_converting_the_model_in_the_function_gets_the_fix(capsys, tmp_path):
+    path = tmp_path / "enc.py"
+    path.write_text(TORCH_TRANSFORMER)
+    code, _, err = run(capsys, "plan", "--model", f"{path}:converts")
+    assert code == 2 and "moves or converts the model" in err and "--precision chooses the dtype" in err
+
+
+def test_plot_to_a_folder_is_a_one_line_error_after_the_plan(capsys, tmp_path):
+    (tmp_path / "timeline.png").mkdir()
+    code, out, err = run(capsys, "plan", *SMALL, "--gpu", "h100", "--plot", str(tmp_path / "timeline.png"))
+    assert code == 2 and "it is a folder" in err and err.count("\n") == 1
+    assert "gpuwise plan" in out  # the plan was shown before the picture failed

@@ -190,15 +190,15 @@ def plan(
         primary = next((d.catalog_match.key for d in local.devices
                         if d.catalog_match is not None and d.backend != "cpu"), None)
     result = plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary)
-    if plot is not None:
-        from gpuwise.plot import plot_plan
-
-        plot_plan(result, plot)
     if json_out:
         render.print_json(render.plan_json(result))
     else:
         render.render_plan(result, _console())
-        if plot is not None:
+    if plot is not None:  # after the plan is shown: a path we cannot write loses nothing
+        from gpuwise.plot import plot_plan
+
+        plot_plan(result, plot)
+        if not json_out:
             print(f"timeline drawn to {plot}")
 
 

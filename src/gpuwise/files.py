@@ -18,7 +18,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise GpuwiseError(f"cannot write {target}: folder {folder} does not exist", f"create it: mkdir -p {folder}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp", dir=folder)
+    if target.is_dir():
+        raise GpuwiseError(f"cannot write {target}: it is a folder", f"pass a file name, e.g. {target / 'plot.png'}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix or ".tmp", dir=folder)
+    except OSError as exc:
+        raise GpuwiseError(f"cannot write {target}: {exc.strerror}", "pick a folder you can write to") from exc
     os.close(fd)
     try:
         yield Path(tmp)
@@ -26,6 +31,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the permissions open() would
         os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise GpuwiseError(f"cannot write {target}: {exc.strerror or exc}", "pick a path you can write to") from exc
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

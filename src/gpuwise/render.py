@@ -172,8 +172,9 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
     """Every field of the plan but the timeline arrays."""
     skip = {"timeline", "timeline_phases"}
     data = {f.name: to_jsonable(getattr(plan, f.name)) for f in dataclasses.fields(plan) if f.name not in skip}
-    for remedy in data["remedies"]:
+    for remedy, raw in zip(data["remedies"], plan.remedies, strict=True):
         remedy.pop("setup")
+        remedy["fits"] = raw.fits
     for fit in data["gpus"]:
         fit["fits"] = fit["status"] != "no"
     return data
@@ -227,15 +228,15 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                      Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch))
     console.print(fits)
     if plan.remedies:
-        rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before",
+        rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
+                          "(LoRA from the one-GPU step); flags: all to add to your command",
                     box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
         rem.add_column("change", overflow="fold")
         rem.add_column("flags", overflow="fold", style="cyan")
         rem.add_column("needs", justify="right", no_wrap=True)
         rem.add_column("fits", no_wrap=True)
         for r in plan.remedies:
-            rem.add_row(r.name, r.flags, human_bytes(r.required_bytes),
-                        Text("yes", style="green") if r.fits else Text("no", style="red"))
+            rem.add_row(r.name, r.flags, human_bytes(r.required_bytes), Text(r.status, style=_FIT_STYLE[r.status]))
         console.print(rem)
     elif not plan.fits:
         if s.training:

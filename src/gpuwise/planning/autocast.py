@@ -81,6 +81,8 @@ class CudaEmulation(TorchFunctionMode):
             else:
                 kwargs = {**kwargs, "dropout_p": 0.0}
             return self.__torch_function__(func, types, args, kwargs)
+        if name == "multi_head_attention_forward":
+            return self._multi_head_attention(func, args, kwargs)
         if name == "dropout":
             x = args[0]
             p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
@@ -93,6 +95,25 @@ class CudaEmulation(TorchFunctionMode):
         elif self.dtype is not None and name in FLOAT32:
             args, kwargs = tree_map(lambda x: self._cast(x, torch.float32), (args, kwargs))
         return func(*args, **kwargs)
+
+    def _multi_head_attention(self, func, args, kwargs):
+        """``F.multi_head_attention_forward`` runs its body with this mode popped, so its inner linear and SDPA
+        calls are not seen: cast its inputs and weights as autocast would for those linears, and, when it
+        takes the SDPA path (need_weights=False), move dropout into the kernel as CUDA flash attention does."""
+        names = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
+                 "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias", "training",
+                 "key_padding_mask", "need_weights")
+        bound = {**dict(zip(names, args, strict=False)), **kwargs}
+        rest = args[len(names):]
+        if not bound.get("need_weights", True) and bound.get("dropout_p"):
+            bound["dropout_p"] = 0.0
+        if self.dtype is not None:
+            for key in ("query", "key", "value", "in_proj_weight", "in_proj_bias", "bias_k", "bias_v",
+                        "out_proj_weight", "out_proj_bias", "q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                if key in bound:
+                    bound[key] = self._cast(bound[key], self.dtype)
+        positional = [bound.pop(n) for n in names[:len(args)] if n in bound] if not rest else list(args)
+        return func(*positional, **bound)
 
     def __exit__(self, *exc):
         self._cached.clear()  # CUDA autocast drops its cast cache when the outermost region exits

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -133,8 +134,9 @@ def _model_errors(name: str) -> Iterator[None]:
                            "branches in forward") from exc
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise GpuwiseError(f"running {name} raised {type(exc).__name__}: {message}",
-                           "run one step of it on real tensors to see the traceback (or GPUWISE_DEBUG=1)") from exc
+        raise GpuwiseError(f"running {name} on fake tensors raised {type(exc).__name__}: {message}",
+                           "if one step runs on real tensors, an op's fake-tensor rule failed: report it with "
+                           "GPUWISE_DEBUG=1's traceback") from exc
 
 
 def _emulation(setup: Setup, device: str, *, autocast: bool, cache: bool):
@@ -155,7 +157,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     # Only building happens under the device context: it is a torch-function mode, and checkpointing's
     # early stop raises through whatever modes are active during recomputation.
-    with mode, _quiet_fake_tensor_log():
+    with mode, _quiet_fake_tensor_log(), warnings.catch_warnings():
+        # deepcopy of a fake parameter (nn.TransformerEncoder clones its layer) warns about data pointers
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         # Frozen weights (LoRA base, inference) need no fp32 master copy: they are stored in the compute dtype.
         frozen_dtype = setup.compute_dtype
         build_dtype = setup.weight_dtype if setup.task == "train" else frozen_dtype

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 import numpy as np
@@ -55,11 +55,31 @@ class GpuFit:
 @dataclass(frozen=True, kw_only=True)
 class Remedy:
     name: str
-    flags: str  # the command-line change
+    flags: str  # every flag to add to the user's command for this setup
     setup: Setup
     peak_bytes: int
     required_bytes: int
-    fits: bool
+    status: Status
+
+    @property
+    def fits(self) -> bool:
+        return self.status != "no"
+
+
+def setup_flags(setup: Setup, base: Setup) -> str:
+    """The command-line flags that turn ``base`` into ``setup``."""
+    flags = []
+    for f in fields(Setup):
+        value, old = getattr(setup, f.name), getattr(base, f.name)
+        lora = f.name == "lora_rank" and setup.task == "finetune-lora" and base.task != "finetune-lora"
+        if value == old and not lora:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "")
+        else:
+            flags.append(f"{flag} {value}")
+    return " ".join(f for f in flags if f)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +93,7 @@ class MemoryPlan:
     flops_per_step: int
     bytes_per_step: int
     tokens_per_step: int
-    peak_bytes: int  # tensors only: what torch.cuda.max_memory_allocated() reports
+    peak_bytes: int  # the step's tensors: torch.cuda.max_memory_allocated() less library workspaces
     overhead_bytes: int  # CUDA context and library workspaces
     activations_bytes: int  # saved for backward at the end of the forward pass
     breakdown: dict[str, int]  # by category, at the peak
@@ -123,10 +143,10 @@ class _Planner:
             hit = self._cache[key, batch_model] = simulate(self.source, key, batch_model=batch_model)
         return replace(hit, setup=setup)
 
-    def remedy(self, name: str, flags: str, setup: Setup, acc: Accelerator) -> Remedy:
+    def remedy(self, name: str, setup: Setup, base: Setup, acc: Accelerator) -> Remedy:
         f = fit_on(self.workload(setup), acc)
-        return Remedy(name=name, flags=flags, setup=setup, peak_bytes=f.required_bytes - OVERHEAD_BYTES,
-                      required_bytes=f.required_bytes, fits=f.fits)
+        return Remedy(name=name, flags=setup_flags(setup, base), setup=setup,
+                      peak_bytes=f.required_bytes - OVERHEAD_BYTES, required_bytes=f.required_bytes, status=f.status)
 
 
 def _micro(planner: _Planner, s: Setup, total: int, acc: Accelerator) -> int:
@@ -150,61 +170,61 @@ def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]
     """
     out: list[Remedy] = []
 
-    def attempt(name: str, flags: str, s: Setup) -> Remedy | None:
+    def attempt(name: str, s: Setup) -> Remedy | None:
         try:
-            r = planner.remedy(name, flags, s, acc)
+            r = planner.remedy(name, s, setup, acc)
         except GpuwiseError:
             return None
         out.append(r)
         return r
 
-    def fitted() -> bool:
-        return bool(out) and out[-1].fits
+    def fitted() -> bool:  # a tight fit goes on: the next remedy may leave room for the allocator
+        return bool(out) and out[-1].status == "fits"
 
     s = setup
     total = s.batch * s.grad_accum  # samples per GPU per optimizer step; the global batch is total x gpus
     if not s.training:
         micro = _micro(planner, s, s.batch, acc) if s.batch > 1 else 0
         if micro:
-            attempt(f"smaller batch {micro}", f"--batch {micro}", replace(s, batch=micro))
+            attempt(f"smaller batch {micro}", replace(s, batch=micro))
         return out
     if s.precision in ("fp32", "tf32"):
         half = "bf16-mixed" if acc.peak_tflops.get("bf16") else "fp16-mixed"  # no bf16 before Ampere
-        if attempt(f"{half[:4]} mixed precision", f"--precision {half}", replace(s, precision=half)):
+        if attempt(f"{half[:4]} mixed precision", replace(s, precision=half)):
             s = replace(s, precision=half)
-    if s.checkpointing == "none" and attempt("activation checkpointing", "--checkpointing full",
-                                             replace(s, checkpointing="full")):
+    if s.checkpointing == "none" and attempt("activation checkpointing", replace(s, checkpointing="full")):
         s = replace(s, checkpointing="full")
     if s.batch > 1 and not fitted():
         micro = _micro(planner, s, total, acc)
         if 0 < micro < s.batch and total // micro <= MAX_ACCUM:
             m = _with_micro(s, micro, total)
-            if attempt(f"micro-batch {micro} x {total // micro} accumulation (same batch)",
-                       f"--batch {micro} --grad-accum {total // micro}", m):
+            if attempt(f"micro-batch {micro} x {total // micro} accumulation (same batch)", m):
                 s = m
     single = s
-    if not fitted():
+    if not fitted():  # the fewest GPUs that fit with room to spare, else the fewest that fit tightly
         global_batch = total * s.gpus
+        best: Remedy | None = None
         for n in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
             per_gpu = max(global_batch // n, 1)
-            sharded = replace(s, gpus=n, sharding="fsdp")
             try:
-                micro = _micro(planner, sharded, per_gpu, acc)
+                micro = _micro(planner, replace(s, gpus=n, sharding="fsdp"), per_gpu, acc)
+                if per_gpu // max(micro, 1) > MAX_ACCUM:
+                    continue
+                sharded = _with_micro(replace(s, gpus=n, sharding="fsdp"), max(micro, 1), per_gpu)
+                r = planner.remedy(f"FSDP over {n} GPUs (global batch {per_gpu * n})", sharded, setup, acc)
             except GpuwiseError:
                 break
-            if (micro or n == 1024) and per_gpu // max(micro, 1) <= MAX_ACCUM:
-                sharded = _with_micro(sharded, max(micro, 1), per_gpu)
-                flags = f"--gpus {n} --sharding fsdp"
-                if (sharded.batch, sharded.grad_accum) != (s.batch, s.grad_accum):
-                    flags += f" --batch {sharded.batch} --grad-accum {sharded.grad_accum}"
-                attempt(f"FSDP over {n} GPUs (global batch {per_gpu * n})", flags, sharded)
+            if best is None or not best.fits:  # a tight fit stays; a misfit gives way to the next try
+                best = r
+            if r.status == "fits":
+                best = r
                 break
+        if best is not None:
+            out.append(best)
     if single.task == "train":
-        lora = replace(single, task="finetune-lora")
-        attempt(f"LoRA rank {lora.lora_rank} (fine-tuning only)",
-                f"--task finetune-lora --lora-rank {lora.lora_rank}", lora)
-        attempt("QLoRA, 4-bit base (fine-tuning only)",
-                f"--task finetune-lora --lora-rank {lora.lora_rank} --qlora", replace(lora, qlora=True))
+        lora = replace(single, task="finetune-lora")  # from the one-GPU setup, not the sharded one
+        attempt(f"LoRA rank {lora.lora_rank}, one GPU (fine-tuning only)", lora)
+        attempt("QLoRA, 4-bit base, one GPU (fine-tuning only)", replace(lora, qlora=True))
     return out
 
 

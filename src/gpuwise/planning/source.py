@@ -158,7 +158,12 @@ class FileSource:
         except GpuwiseError:
             raise
         except Exception as exc:
-            raise GpuwiseError(f"{self.name}({batch}) raised {type(exc).__name__}: {exc}",
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if "Couldn't swap" in text or "not linked with support for cuda" in text.lower():
+                raise GpuwiseError(f"{self.name}({batch}) moves or converts the model ({text})",
+                                   "build it on the CPU in its default dtype, with no .to()/.cuda()/.half(): "
+                                   "--precision chooses the dtype and the plan is for the GPU") from exc
+            raise GpuwiseError(f"{self.name}({batch}) raised {type(exc).__name__}: {text}",
                                "fix the function; it runs on fake tensors, so it must not read tensor values") from exc
         if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
             raise GpuwiseError(f"{self.name}({batch}) must return (model, inputs)",
@@ -236,14 +241,21 @@ class HFSource:
         # The class the config names (BertForSequenceClassification, LlamaForCausalLM, ...), else a causal LM.
         arch = next(iter(cfg_dict.get("architectures") or []), None)
         cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
-        try:
-            config = transformers.AutoConfig.for_model(**cfg_dict)
-            # SDPA unless the config asks otherwise ("eager" keeps the s x s attention matrix, as it does on GPUs)
-            config._attn_implementation = self.config.get("attn_implementation") or "sdpa"
-            model = cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
-        except Exception as exc:
-            raise GpuwiseError(f"transformers could not build {self.path}: {type(exc).__name__}: {exc}",
-                               "check model_type and the fields of config.json") from exc
+        # SDPA unless the config asks otherwise ("eager" keeps the s x s attention matrix, as it does on GPUs);
+        # a model that refuses SDPA gets transformers' own default.
+        wanted = self.config.get("attn_implementation") or "sdpa"
+        for attn in dict.fromkeys((wanted, None)):
+            try:
+                config = transformers.AutoConfig.for_model(**cfg_dict)
+                if attn is not None:
+                    config._attn_implementation = attn
+                model = cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
+                break
+            except Exception as exc:
+                error = exc
+        else:
+            raise GpuwiseError(f"transformers could not build {self.path}: {type(error).__name__}: {error}",
+                               "check model_type and the fields of config.json") from error
         seq = self.tokens(setup)
         vocab = int(getattr(config, "vocab_size", 32000))
         ids = torch.randint(vocab, (batch, seq))

@@ -102,6 +102,15 @@ class Linear4bit(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def _adaptable(block: nn.Module) -> list[tuple[str, nn.Linear]]:
+    """The ``nn.Linear`` layers of ``block`` LoRA can wrap: not those ``nn.MultiheadAttention`` reads
+    the weight of directly (its out_proj)."""
+    inside_mha = {f"{name}.{sub}" if name else sub for name, mod in block.named_modules()
+                  if isinstance(mod, nn.MultiheadAttention) for sub, _ in mod.named_modules() if sub}
+    return [(name, mod) for name, mod in block.named_modules()
+            if isinstance(mod, nn.Linear) and name not in inside_mha]
+
+
 def apply_lora(model: nn.Module, blocks: nn.ModuleList | None, *, rank: int, adapter_dtype: torch.dtype,
                quantize_base: bool, compute_dtype: torch.dtype) -> int:
     """Freeze ``model``, wrap every ``nn.Linear`` inside ``blocks`` with a LoRA adapter (QLoRA paper: all
@@ -109,13 +118,13 @@ def apply_lora(model: nn.Module, blocks: nn.ModuleList | None, *, rank: int, ada
     if blocks is None:
         raise GpuwiseError("--task finetune-lora: the model has no repeated blocks (an nn.ModuleList) to adapt",
                            "put the layers to fine-tune in an nn.ModuleList, or plan --task train")
-    if not any(isinstance(m, nn.Linear) for block in blocks for m in block.modules()):
+    if not any(_adaptable(block) for block in blocks):
         raise GpuwiseError("--task finetune-lora adapts the nn.Linear layers inside the blocks, and this model's "
                            "blocks have none", "plan --task train")
     model.requires_grad_(False)
     frozen = sum(p.numel() for p in model.parameters())
     for block in blocks:
-        targets = [(name, mod) for name, mod in block.named_modules() if isinstance(mod, nn.Linear)]
+        targets = _adaptable(block)
         for name, lin in targets:
             parent = block.get_submodule(name.rpartition(".")[0]) if "." in name else block
             if quantize_base:
