@@ -99,6 +99,11 @@ def _hook_blocks(blocks: nn.ModuleList, tracker: Tracker) -> list:
     return handles
 
 
+def _state_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+
 def _make_optimizer(setup: Setup, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     if setup.optimizer == "sgd":
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
@@ -155,14 +160,14 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
     which also reads ``torch.cuda.max_memory_allocated()``).
     """
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    # Only building happens under the device context: it is a torch-function mode, and checkpointing's
-    # early stop raises through whatever modes are active during recomputation.
     with mode, _quiet_fake_tensor_log(), warnings.catch_warnings():
         # deepcopy of a fake parameter (nn.TransformerEncoder clones its layer) warns about data pointers
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         # Frozen weights (LoRA base, inference) need no fp32 master copy: they are stored in the compute dtype.
         frozen_dtype = setup.compute_dtype
         build_dtype = setup.weight_dtype if setup.task == "train" else frozen_dtype
+        # Only building runs under the device context: it is a torch-function mode, and checkpointing's
+        # early stop raises through whatever modes are active during recomputation.
         with default_dtype(build_dtype), torch.device(device):
             built: Built = source.build(setup, batch, n_layer)
         model = built.model
@@ -179,12 +184,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False))
         if not setup.training:
             model.eval()  # BatchNorm uses its running statistics, dropout is off
-        largest = max(blocks, key=lambda b: sum(t.numel() * t.element_size() for t in (*b.parameters(),
-                                                                                       *b.buffers())),
-                      default=None) if blocks is not None else None
-        block_bytes = sum(t.numel() * t.element_size() for t in (*largest.parameters(), *largest.buffers())) \
-            if largest is not None else 0
-        block_trainable = sum(p.numel() for p in largest.parameters() if p.requires_grad) if largest is not None else 0
+        largest = max(blocks, key=_state_bytes) if blocks is not None else nn.Module()
+        block_bytes = _state_bytes(largest)
+        block_trainable = sum(p.numel() for p in largest.parameters() if p.requires_grad)
         trainable = [p for p in model.parameters() if p.requires_grad]
         if setup.training and not trainable:
             raise GpuwiseError("the model has no trainable parameters", "plan --task infer, or unfreeze some weights")
@@ -241,13 +243,12 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             torch.cuda.reset_peak_memory_stats()
         with tracker:
             if setup.training:
-                marks = []
-                for _ in range(micro):
+                backward(forward())
+                end_of_forward = tracker.marks["end_of_forward"]  # of the first micro-batch
+                for _ in range(micro - 1):
                     backward(forward())
-                    marks.append(tracker.marks["end_of_forward"])
                 fb_flops, fb_bytes = tracker.flops, tracker.bytes_moved
                 optimizer_step()
-                end_of_forward = marks[0]
             else:
                 with torch.no_grad():
                     forward()

@@ -14,6 +14,7 @@ import numpy as np
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
+from gpuwise.planning.scaling import Timeline
 from gpuwise.planning.setup import MAX_ACCUM, MAX_BATCH, Setup
 from gpuwise.planning.sharding import capture_setup, shard
 from gpuwise.planning.source import resolve_source
@@ -109,7 +110,8 @@ class MemoryPlan:
     timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
 
 
-def _per_gpu(w: Workload, tl) -> object:
+def _per_gpu(w: Workload, tl: Timeline) -> Timeline:
+    """``tl`` as one of the setup's GPUs holds it."""
     return shard(tl, w.setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
                  block_trainable_params=w.block_trainable_params)
 
