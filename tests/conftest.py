@@ -60,6 +60,12 @@ def cuda_env(*, name="NVIDIA H100 80GB HBM3", cc=(9, 0), count=1, driver="580.82
 __all__ = ["ARCHS_CU126", "ARCHS_CU130", "CPU", "GpuProcess", "cpu_env", "cuda_env", "gpu", "nvml"]
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_folder(tmp_path_factory, monkeypatch):
+    """No test reads or writes the user's ~/.cache/gpuwise (calibrations from gpuwise bench)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture
 def tmp_catalog_text() -> str:
     return '''

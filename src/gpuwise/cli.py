@@ -189,7 +189,10 @@ def plan(
         local = describe_local(gather_environment(os.environ), load_catalog())
         primary = next((d.catalog_match.key for d in local.devices
                         if d.catalog_match is not None and d.backend != "cpu"), None)
-    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary)
+    from gpuwise.bench.results import cache_dir, load_calibrations
+
+    calibrations = load_calibrations(cache_dir(dict(os.environ)))  # from gpuwise bench --calibrate
+    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary, calibrations=calibrations)
     if json_out:
         render.print_json(render.plan_json(result))
     else:
@@ -200,6 +203,128 @@ def plan(
         plot_plan(result, plot)
         if not json_out:
             print(f"timeline drawn to {plot}")
+
+
+def _csv(value: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = tuple(v.strip().lower() for v in value.split(",") if v.strip())
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise GpuwiseError(f"{flag} {value!r}: {', '.join(bad) or 'empty'} not one of {', '.join(allowed)}",
+                           f"pass a comma-separated list, e.g. {flag} {allowed[0]},{allowed[1]}")
+    return items
+
+
+@app.command()
+def bench(
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes, few repeats (about a minute on a CPU).")] = False,
+    ops: Annotated[str | None, typer.Option(help="Comma-separated: gemm, copy, h2d, attention, conv2d, block, "
+                                                 "train-step (default: all).")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="GEMM dtypes, comma-separated: fp32, tf32, fp16, "
+                                                             "bf16, fp8 (default: fp32,bf16; all on a GPU).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps (default: the GPU if any).")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw a roofline to this PNG file.")] = None,
+    save: Annotated[str | None, typer.Option(help="Write the results to this JSON file.")] = None,
+    compare: Annotated[list[str] | None, typer.Option(help="A file from --save: compare this run with it; "
+                                                           "give it twice to compare two files.")] = None,
+    calibrate: Annotated[bool, typer.Option("--calibrate", help="Store the measured GEMM and copy rates for "
+                                                                "later plans of this device.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Time GEMMs, copies, attention backends, conv2d, a transformer block and a training step, honestly.
+
+    Examples: gpuwise bench --quick; gpuwise bench --ops gemm --dtype bf16,fp8 --plot roofline.png;
+    gpuwise bench --save h200.json; gpuwise bench --compare h200.json --compare a100.json
+    """
+    from gpuwise import render
+    from gpuwise.bench import results as store
+
+    if plot is not None and not plot.lower().endswith(".png"):
+        raise GpuwiseError(f"--plot {plot}: the picture is a PNG", f"pass --plot {plot.rsplit('.', 1)[0]}.png")
+    compare = compare or []
+    if len(compare) > 2:
+        raise GpuwiseError("--compare takes one file (against this run) or two",
+                           "pass --compare A.json [--compare B.json]")
+    if len(compare) == 2:
+        (_, a), (_, b) = store.load(compare[0]), store.load(compare[1])
+        from gpuwise.bench.suite import compare as pair
+
+        pairs = pair(a, b)
+        if json_out:
+            render.print_json([{"op": x.op, "dtype": x.dtype, "shape": x.shape, "backend": x.backend,
+                                "a_median_s": x.median_s, "b_median_s": y.median_s, "speedup": r}
+                               for x, y, r in pairs])
+        else:
+            render.render_compare(pairs, (compare[0], compare[1]), _console())
+        return
+    baseline = store.load(compare[0])[1] if compare else None
+    import torch
+
+    from gpuwise.bench.suite import DTYPES, OPS, run_suite
+
+    chosen_ops = _csv(ops, OPS, "--ops") or OPS
+    name = device or ("cuda" if torch.cuda.is_available() else
+                      "mps" if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else "cpu")
+    default_dtypes = ("fp32", "tf32", "fp16", "bf16", "fp8") if name.startswith("cuda") else ("fp32", "bf16")
+    chosen_dtypes = _csv(dtype, DTYPES, "--dtype") or default_dtypes
+    if calibrate and not {"gemm", "copy"} <= set(chosen_ops):
+        raise GpuwiseError("--calibrate stores GEMM and copy rates", "include gemm,copy in --ops (or drop --ops)")
+    from gpuwise.environment import gather_environment
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.hardware.detect import describe_local
+
+    local = describe_local(gather_environment(os.environ), load_catalog())
+    kind = name.split(":")[0]
+    index = int(name.split(":")[1]) if ":" in name else 0
+    match = next((d for d in local.devices if d.backend == kind or ((kind == "cuda" and d.backend == "rocm")
+                  and (d.index in (None, index)))), None)
+    accelerator = match.catalog_match if match else None
+    label = f"{name} ({match.name if match else name}), torch {torch.__version__}"
+
+    progress = None
+    if sys.stderr.isatty() and not json_out:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True, console=Console(stderr=True))
+        task = bar.add_task("bench", total=None)
+        bar.start()
+        progress = lambda text: bar.update(task, description=text)  # noqa: E731
+    try:
+        results = run_suite(name, quick=quick, ops=chosen_ops, dtypes=chosen_dtypes, accelerator=accelerator,
+                            progress=progress)
+    finally:
+        if progress is not None:
+            bar.stop()
+    if json_out:
+        render.print_json(store.to_dicts(results))
+    else:
+        render.render_bench(results, label, _console())
+        if baseline is not None:
+            from gpuwise.bench.suite import compare as pair
+
+            render.render_compare(pair(baseline, results), (compare[0], "this run"), _console())
+    machine = {"device": label, "catalog": accelerator.key if accelerator else None}
+    if save is not None:
+        store.save(results, save, machine=machine)
+    if calibrate:
+        cal = store.Calibration.from_results(accelerator.key if accelerator else name, results)
+        where = store.save_calibration(cal, store.cache_dir(dict(os.environ)))
+        if not json_out:
+            print(f"calibration for {cal.device} stored in {where}: later plans for it use these rates")
+    if plot is not None:
+        from gpuwise.plot import plot_roofline
+
+        gemms = [r.tflops for r in results if r.op == "gemm" and r.tflops]
+        copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
+        best = max(chosen_dtypes, key=lambda d: (accelerator.peak_tflops.get(d) or 0) if accelerator else 0)
+        peak_tflops = (accelerator.peak_tflops.get(best) if accelerator else None) or (max(gemms) if gemms else None)
+        peak_gbps = (accelerator.memory_bandwidth_gbps if accelerator else None) or (max(copies) if copies else None)
+        source = "catalog" if accelerator else "measured"
+        plot_roofline(results, plot, title=f"{label}: ceilings from the {source}", peak_tflops=peak_tflops,
+                      peak_gbps=peak_gbps)
+        if not json_out:
+            print(f"roofline drawn to {plot}")
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:

@@ -54,3 +54,53 @@ def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+
+
+def plot_roofline(results, path: str | os.PathLike, *, title: str, peak_tflops: float | None,
+                  peak_gbps: float | None) -> None:
+    """Achieved TFLOPS against arithmetic intensity (FLOPs per byte moved), under the compute and bandwidth
+    ceilings. Ops timed without a byte count are placed by the bytes their inputs and outputs occupy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in results if r.repeats and r.tflops and r.flops and _op_bytes(r)]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    xs = np.array([r.flops / _op_bytes(r) for r in points]) if points else np.array([1.0])
+    lo, hi = max(xs.min() / 4, 0.01), xs.max() * 4
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    if peak_gbps:
+        roof = grid * peak_gbps / 1e3  # GB/s x FLOP/B = GFLOP/s; /1e3 -> TFLOPS
+        if peak_tflops:
+            roof = np.minimum(roof, peak_tflops)
+        ax.plot(grid, roof, color="black", linewidth=1.2, label=f"roofline: {peak_gbps:,.0f} GB/s, "
+                f"{peak_tflops or float('nan'):.3g} TFLOPS")
+    elif peak_tflops:
+        ax.axhline(peak_tflops, color="black", linewidth=1.2, label=f"compute ceiling {peak_tflops:.3g} TFLOPS")
+    for op in sorted({r.op for r in points}):
+        mine = [r for r in points if r.op == op]
+        ax.scatter([r.flops / _op_bytes(r) for r in mine], [r.tflops for r in mine], label=op, s=24)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
+    ax.set_ylabel("achieved TFLOPS")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def _op_bytes(r) -> float | None:
+    """Bytes an op must move at least: its inputs and outputs once (GEMM: A, B and C)."""
+    if r.bytes:
+        return r.bytes
+    size = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}.get(r.dtype)
+    if r.op == "gemm" and size:
+        import re
+
+        m, k, _, n = (int(v) for v in re.findall(r"\d+", r.shape)[:4])
+        return float((m * k + k * n) * size + m * n * (2 if r.dtype == "fp8" else size))
+    return None

@@ -17,6 +17,7 @@ from gpuwise.hardware.detect import LocalMachine
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
+    from gpuwise.bench.suite import BenchResult
     from gpuwise.models import ZooModel
     from gpuwise.planning.plan import MemoryPlan
 
@@ -220,13 +221,17 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     fits = Table(title=f"fit (needs = peak + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
                  padding=(0, 1), pad_edge=False)
     for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
-                         ("fits", "left"), ("max batch", "right")):
+                         ("fits", "left"), ("max batch", "right"), ("step ≥", "right")):
         fits.add_column(col, justify=justify, no_wrap=True)
     for f in plan.gpus:
         head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
         fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
-                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch))
+                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch),
+                     "-" if f.step_time_s is None else _seconds(f.step_time_s) + ("*" if f.rates == "measured" else ""))
     console.print(fits)
+    measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
+    rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
+    console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
     if plan.remedies:
         rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
                           "(LoRA from the one-GPU step); flags: all to add to your command",
@@ -258,3 +263,55 @@ def render_models(models: list[ZooModel], console: Console) -> None:
         table.add_row(m.name, _count(m.published_params), str(m.n_layer or "-"),
                       m.inputs, default)
     console.print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def _rate(r: BenchResult) -> str:
+    if r.gbps is not None:
+        return f"{r.gbps:,.1f} GB/s"
+    return f"{r.tflops:.3g} TF/s" if r.tflops is not None else "-"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None or s != s:
+        return "-"
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def render_bench(results: list[BenchResult], header: str, console: Console) -> None:
+    table = Table(title=f"gpuwise bench: {header}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), ("median", "right"),
+                         ("±", "right"), ("rate", "right"), ("peak", "right"), ("vs CPU", "right")):
+        table.add_column(col, justify=justify, no_wrap=col != "shape", overflow="fold")
+    for r in results:
+        op = f"{r.op} ({r.backend})" if r.backend else r.op
+        if not r.repeats:
+            table.add_row(op, r.dtype, r.shape, Text(r.note or "not run", style="yellow"), "", "", "", "")
+            continue
+        spread = 50 * (r.p90_s - r.p10_s) / r.median_s if r.median_s else 0.0
+        table.add_row(op, r.dtype, r.shape, _seconds(r.median_s), f"{spread:.0f}%",
+                      _rate(r), "-" if r.pct_of_peak is None else f"{r.pct_of_peak:.0f}%",
+                      "-" if r.speedup_vs_cpu is None else f"{r.speedup_vs_cpu:.1f}x")
+    console.print(table)
+    console.print("median of timed repeats after warm-up, the device synchronised before every clock read; ±: "
+                  "half the p10-p90 spread; peak: share of the catalog's dense figure for this device and dtype "
+                  "(bandwidth for copies).")
+
+
+def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: tuple[str, str],
+                   console: Console) -> None:
+    table = Table(title=f"{names[1]} against {names[0]}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), (names[0], "right"),
+                         (names[1], "right"), ("speed-up", "right")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for a, b, ratio in pairs:
+        op = f"{a.op} ({a.backend})" if a.backend else a.op
+        style = "green" if ratio > 1.05 else "red" if ratio < 0.95 else ""
+        table.add_row(op, a.dtype, a.shape, _seconds(a.median_s), _seconds(b.median_s),
+                      Text(f"{ratio:.2f}x", style=style))
+    console.print(table)
+    if not pairs:
+        console.print("no results in common (same op, dtype, shape and backend)")

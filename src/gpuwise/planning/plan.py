@@ -47,6 +47,8 @@ class GpuFit:
     headroom_bytes: int
     status: Status
     max_batch: int  # largest micro-batch that fits, same setup otherwise
+    step_time_s: float | None  # roofline floor: max(FLOPs / compute rate, bytes / bandwidth); real steps are slower
+    rates: str | None  # "datasheet" peaks, or "measured" by gpuwise bench --calibrate on this device
 
     @property
     def fits(self) -> bool:
@@ -116,7 +118,24 @@ def _per_gpu(w: Workload, tl: Timeline) -> Timeline:
                  block_trainable_params=w.block_trainable_params)
 
 
-def fit_on(w: Workload, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES) -> GpuFit:
+_RATE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16-mixed": "bf16", "bf16": "bf16", "fp16-mixed": "fp16"}
+
+
+def step_time_floor(w: Workload, acc: Accelerator, calibration=None) -> tuple[float | None, str | None]:
+    """The roofline floor of one step on ``acc``: its FLOPs at the compute rate or its bytes at the memory
+    bandwidth, whichever takes longer. Measured rates (a Calibration) replace the datasheet's."""
+    dtype = _RATE_DTYPE[w.setup.precision]
+    measured = calibration is not None and calibration.tflops.get(dtype)
+    tflops = calibration.tflops.get(dtype) if measured else acc.peak_tflops.get(dtype)
+    gbps = (calibration.gbps if measured and calibration.gbps else None) or acc.memory_bandwidth_gbps
+    if not tflops:
+        return None, None
+    compute = w.flops_per_step / (tflops * 1e12)
+    memory = w.bytes_per_step / (gbps * 1e9) if gbps else 0.0
+    return max(compute, memory), "measured" if measured else "datasheet"
+
+
+def fit_on(w: Workload, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES, calibration=None) -> GpuFit:
     """Whether ``w`` fits on ``acc``, and the largest micro-batch that does (0: not even 1)."""
     peak = int(_per_gpu(w, w.timeline).live(w.setup.batch).sum(axis=1).max())
     required = peak + overhead_bytes
@@ -127,8 +146,9 @@ def fit_on(w: Workload, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTE
         b = w.setup.batch
         max_batch = _per_gpu(w, w.batch_model).max_batch(acc.memory_bytes - overhead_bytes, MAX_BATCH)
         max_batch = max(max_batch, b) if headroom >= 0 else min(max_batch, b - 1)  # the exact capture decides at b
+    step_s, rates = step_time_floor(w, acc, calibration)
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
-                  headroom_bytes=headroom, status=status, max_batch=max_batch)
+                  headroom_bytes=headroom, status=status, max_batch=max_batch, step_time_s=step_s, rates=rates)
 
 
 class _Planner:
@@ -231,7 +251,7 @@ def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]
 
 
 def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = None,
-         catalog: Catalog | None = None) -> MemoryPlan:
+         catalog: Catalog | None = None, calibrations: dict | None = None) -> MemoryPlan:
     """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU.
 
     ``max_batch`` and the remedies are for ``gpu``, else ``primary`` (this machine's GPU, say), else the H100 SXM.
@@ -245,8 +265,9 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     totals = live.sum(axis=1)
     i = int(totals.argmax())
     phase, block = tl.labels[i]
-    fits = tuple(fit_on(w, acc) for acc in ([primary] if gpu else list(catalog)))
-    mine = fit_on(w, primary)
+    calibrations = calibrations or {}
+    fits = tuple(fit_on(w, acc, calibration=calibrations.get(acc.key)) for acc in ([primary] if gpu else list(catalog)))
+    mine = fit_on(w, primary, calibration=calibrations.get(primary.key))
     return MemoryPlan(
         model=w.model, setup=setup, params=w.params, trainable_params=w.trainable_params,
         flops_per_step=w.flops_per_step, bytes_per_step=w.bytes_per_step, tokens_per_step=w.tokens_per_step,
@@ -262,6 +283,8 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
 
 
 def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,
-               primary: str | None = None, catalog: Catalog | None = None) -> MemoryPlan:
+               primary: str | None = None, catalog: Catalog | None = None,
+               calibrations: dict | None = None) -> MemoryPlan:
     """``plan`` for ``--model NAME``, ``--model file.py:function`` or ``--hf-config PATH``."""
-    return plan(resolve_source(model, hf_config), setup, gpu=gpu, primary=primary, catalog=catalog)
+    return plan(resolve_source(model, hf_config), setup, gpu=gpu, primary=primary, catalog=catalog,
+                calibrations=calibrations)

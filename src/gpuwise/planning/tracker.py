@@ -180,8 +180,9 @@ class Tracker(TorchDispatchMode):
             self.uncosted[name] += 1
         else:
             self.flops_by_op[name] += flops
-        leaves = tree_leaves((args, kwargs, out))
-        self.bytes_by_op[name] += sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
+        if not func.is_view and func.namespace not in ("prim", "profiler"):  # views move no data
+            leaves = tree_leaves((args, kwargs, out))
+            self.bytes_by_op[name] += sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
         fresh = False
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and self._record(t, "temporaries") is not None:

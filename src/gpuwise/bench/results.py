@@ -1,0 +1,84 @@
+"""Saving, loading and calibrating from benchmark results."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+from gpuwise.bench.suite import BenchResult
+from gpuwise.errors import GpuwiseError
+from gpuwise.files import atomic_path
+
+
+def _clean(value):
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def to_dicts(results: list[BenchResult]) -> list[dict]:
+    return [{k: _clean(v) for k, v in dataclasses.asdict(r).items()} for r in results]
+
+
+def save(results: list[BenchResult], path: str | os.PathLike, *, machine: dict) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({"gpuwise_bench": 1, "machine": machine, "results": to_dicts(results)}, indent=2))
+
+
+def load(path: str | os.PathLike) -> tuple[dict, list[BenchResult]]:
+    try:
+        data = json.loads(Path(path).read_text())
+        rows = data["results"]
+        names = {f.name for f in dataclasses.fields(BenchResult)}
+        results = [BenchResult(**{k: (math.nan if v is None and k.endswith("_s") else v)
+                                  for k, v in row.items() if k in names}) for row in rows]
+    except FileNotFoundError:
+        raise GpuwiseError(f"no such file: {path}", "pass a file written by 'gpuwise bench --save FILE'") from None
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise GpuwiseError(f"{path} is not a gpuwise bench file ({type(exc).__name__})",
+                           "pass a file written by 'gpuwise bench --save FILE'") from None
+    return data.get("machine", {}), results
+
+
+def cache_dir(environ: dict) -> Path:
+    """Where calibrations live: $XDG_CACHE_HOME/gpuwise, else ~/.cache/gpuwise."""
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".cache")
+    return Path(base) / "gpuwise"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Rates measured on one device: the best GEMM TFLOPS per dtype and the best copy bandwidth."""
+
+    device: str  # catalog key when the device is in the catalog, else its name
+    tflops: dict[str, float]
+    gbps: float | None
+
+    @classmethod
+    def from_results(cls, device: str, results: list[BenchResult]) -> Calibration:
+        tflops: dict[str, float] = {}
+        for r in results:
+            if r.op == "gemm" and r.tflops:
+                tflops[r.dtype] = max(tflops.get(r.dtype, 0.0), r.tflops)
+        copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
+        return cls(device=device, tflops=tflops, gbps=max(copies) if copies else None)
+
+
+def save_calibration(cal: Calibration, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "calibration.json"
+    existing = load_calibrations(folder)
+    existing[cal.device] = cal
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({k: dataclasses.asdict(v) for k, v in existing.items()}, indent=2))
+    return path
+
+
+def load_calibrations(folder: Path) -> dict[str, Calibration]:
+    path = folder / "calibration.json"
+    try:
+        data = json.loads(path.read_text())
+        return {k: Calibration(**v) for k, v in data.items()}
+    except (FileNotFoundError, json.JSONDecodeError, TypeError, AttributeError):
+        return {}

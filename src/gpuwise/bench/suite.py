@@ -1,0 +1,340 @@
+"""The benchmark suite: GEMM, copies, attention backends, conv2d, a transformer block and a training step,
+on the chosen device and on the CPU as the baseline.
+
+No flattered numbers: inputs are random (never zeros, which some hardware shortcuts), every call reads the
+next of several input buffers that together exceed the caches, and warm-up calls (compilation, autotuning,
+lazy loading) are never counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpuwise.bench.device import Device, device_for
+from gpuwise.bench.measure import measure
+from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.catalog import Accelerator
+
+OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+ROTATE_BYTES = 256 * 2**20  # inputs cycle through at least this much memory: more than any L2 or LLC
+CPU_BASELINE_MAX_FLOPS = 2e11  # a CPU baseline that would take minutes is skipped
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchResult:
+    op: str
+    dtype: str
+    shape: str
+    device: str
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+    flops: float | None
+    bytes: float | None
+    tflops: float | None
+    gbps: float | None
+    peak_memory_bytes: int | None
+    pct_of_peak: float | None  # of the catalog's dense peak for this dtype (bandwidth for copies)
+    speedup_vs_cpu: float | None
+    backend: str | None = None  # the SDPA kernel that ran
+    note: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    op: str
+    dtype: str
+    shape: str
+    make: Callable[[torch.device], tuple[Callable[[], object], float | None, float | None]]  # fn, flops, bytes
+    backend: str | None = None
+    cpu: bool = True  # has a CPU baseline
+
+
+def _rotating(make_one: Callable[[], tuple], nbytes: int, device: torch.device) -> Callable[[], tuple]:
+    """Buffers of inputs, cycled call by call; together at least ROTATE_BYTES (or 2 on the CPU for big ones)."""
+    count = max(2, min(1024, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
+    if device.type == "cpu":
+        count = max(2, min(count, math.ceil(64 * 2**20 / max(nbytes, 1))))
+    pool = [make_one() for _ in range(count)]
+    cycle = itertools.cycle(pool)
+    return lambda: next(cycle)
+
+
+def _randn(shape, dtype, device) -> torch.Tensor:
+    return torch.randn(shape, device=device, dtype=torch.float32).to(dtype)
+
+
+def _gemm(m: int, n: int, k: int, dtype: str) -> Case:
+    def make(device: torch.device):
+        if dtype == "fp8":
+            if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+                raise GpuwiseError("fp8 GEMM needs an NVIDIA GPU of compute capability 8.9 or newer", "")
+            e4m3 = torch.float8_e4m3fn
+            one = torch.ones((), device=device)
+            nxt = _rotating(lambda: (_randn((m, k), torch.float32, device).to(e4m3),
+                                     _randn((n, k), torch.float32, device).to(e4m3).t()), (m + n) * k, device)
+
+            def fn():
+                a, b = nxt()
+                return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        else:
+            if dtype == "tf32" and device.type != "cuda":
+                raise GpuwiseError("TF32 is an NVIDIA tensor-core format", "")
+            t = _TORCH_DTYPE[dtype]
+            nxt = _rotating(lambda: (_randn((m, k), t, device), _randn((k, n), t, device)),
+                            (m + n) * k * t.itemsize, device)
+
+            def fn():
+                a, b = nxt()
+                return a @ b
+        return fn, 2.0 * m * n * k, None
+
+    return Case(op="gemm", dtype=dtype, shape=f"{m}x{k} @ {k}x{n}", make=make,
+                cpu=dtype in ("fp32", "bf16") and 2.0 * m * n * k <= CPU_BASELINE_MAX_FLOPS)
+
+
+def _copy(nbytes: int) -> Case:
+    def make(device: torch.device):
+        src = torch.rand(nbytes // 4, device=device)
+        dst = torch.empty_like(src)
+        return (lambda: dst.copy_(src)), None, 2.0 * nbytes  # read + write
+
+    return Case(op="copy", dtype="fp32", shape=f"{nbytes // 2**20} MiB", make=make)
+
+
+def _h2d(nbytes: int, pinned: bool) -> Case:
+    def make(device: torch.device):
+        if device.type != "cuda":
+            raise GpuwiseError("host-to-device copies need a CUDA GPU", "")
+        host = torch.rand(nbytes // 4)
+        if pinned:
+            host = host.pin_memory()
+        dst = torch.empty(nbytes // 4, device=device)
+        return (lambda: dst.copy_(host, non_blocking=pinned)), None, float(nbytes)
+
+    return Case(op="h2d", dtype="fp32", shape=f"{nbytes // 2**20} MiB {'pinned' if pinned else 'pageable'}",
+                make=make, cpu=False)
+
+
+_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
+             "cudnn": "CUDNN_ATTENTION"}
+
+
+def _attention(b: int, h: int, s: int, d: int, dtype: str, backend: str) -> Case:
+    def make(device: torch.device):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        which = getattr(SDPBackend, _BACKENDS[backend], None)
+        if which is None:
+            raise GpuwiseError(f"this torch has no {backend} attention backend", "")
+        t = _TORCH_DTYPE[dtype]
+        nxt = _rotating(lambda: tuple(_randn((b, h, s, d), t, device) for _ in range(3)),
+                        3 * b * h * s * d * t.itemsize, device)
+
+        def fn():
+            q, k, v = nxt()
+            with sdpa_kernel([which]):  # only this backend may run: it runs, or the call fails
+                return F.scaled_dot_product_attention(q, k, v)
+
+        fn()  # fails here, before timing, if the backend cannot run these inputs
+        return fn, 4.0 * b * h * s * s * d, None
+
+    return Case(op="attention", dtype=dtype, shape=f"b{b} h{h} s{s} d{d}", make=make, backend=backend)
+
+
+def _conv2d(b: int, c: int, hw: int, dtype: str) -> Case:
+    def make(device: torch.device):
+        t = _TORCH_DTYPE[dtype]
+        w = _randn((c, c, 3, 3), t, device)
+        nxt = _rotating(lambda: _randn((b, c, hw, hw), t, device), b * c * hw * hw * t.itemsize, device)
+        return (lambda: F.conv2d(nxt(), w, padding=1)), 2.0 * b * c * hw * hw * c * 9, None
+
+    return Case(op="conv2d", dtype=dtype, shape=f"{b}x{c}x{hw}x{hw} 3x3", make=make)
+
+
+def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
+    """A GPT-2 block, forward + backward; FLOPs counted by the planner's tracker on fake tensors."""
+
+    def make(device: torch.device):
+        from gpuwise.models.gpt import Block, GPTConfig
+
+        cfg = GPTConfig(n_layer=1, n_head=heads, n_embd=h)
+        t = _TORCH_DTYPE[dtype]
+        with torch.device(device):
+            block = Block(cfg).to(t)
+        nxt = _rotating(lambda: _randn((b, s, h), t, device).requires_grad_(), b * s * h * t.itemsize, device)
+
+        def fn():
+            block(nxt()).float().square().mean().backward()
+
+        return fn, _fake_flops(lambda: Block(cfg), (b, s, h)), None
+
+    return Case(op="block", dtype=dtype, shape=f"b{b} s{s} h{h} fwd+bwd", make=make)
+
+
+def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) -> float:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gpuwise.planning.tracker import Tracker
+
+    with FakeTensorMode():
+        module = build()
+        x = torch.randn(shape, requires_grad=True)
+        with Tracker() as tracker:
+            module(x).float().square().mean().backward()
+    return float(tracker.flops)
+
+
+def _train_step(model: str, batch: int, seq: int, gpu: bool) -> Case:
+    """One AdamW step of a built-in model (bf16 autocast on GPUs, fp32 on the CPU); FLOPs from the planner."""
+
+    def make(device: torch.device):
+        from gpuwise.models import get_model
+        from gpuwise.planning.setup import Setup
+        from gpuwise.planning.source import ZooSource
+        from gpuwise.planning.workload import simulate
+
+        zoo = get_model(model)
+        with torch.device(device):
+            net = zoo.instantiate()
+            (idx,), targets = zoo.make_inputs(batch, seq=seq, image_size=None, dtype=torch.float32)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        amp = device.type == "cuda"
+
+        def fn():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                loss = net(idx, targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        flops = simulate(ZooSource(zoo=zoo), Setup(batch=batch, seq=seq, precision="bf16-mixed" if amp else "fp32"),
+                         batch_model=False).flops_per_step
+        return fn, float(flops), None
+
+    return Case(op="train-step", dtype="bf16-mixed" if gpu else "fp32", shape=f"{model} b{batch} s{seq}", make=make)
+
+
+def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tuple[str, ...]) -> list[Case]:
+    """What to run on ``device``."""
+    gpu = device.type != "cpu"
+    out: list[Case] = []
+    if "gemm" in ops:
+        sizes = (256, 1024, 2048) if quick else ((256, 512, 1024, 2048, 4096, 8192, 16384) if gpu else
+                                                (256, 512, 1024, 2048, 4096))
+        for dtype in dtypes:
+            if not gpu and dtype in ("tf32", "fp8"):
+                continue
+            out += [_gemm(n, n, n, dtype) for n in sizes]
+            if not quick and gpu:  # LLM shapes: Llama-3-8B projections at 8192 tokens
+                out += [_gemm(8192, 4096, 4096, dtype), _gemm(8192, 14336, 4096, dtype), _gemm(8192, 4096, 14336,
+                                                                                               dtype)]
+    if "copy" in ops:
+        out += [_copy(n) for n in ((64 * 2**20,) if quick or not gpu else (64 * 2**20, 1024 * 2**20))]
+    if "h2d" in ops and device.type == "cuda":
+        out += [_h2d(256 * 2**20, pinned=False), _h2d(256 * 2**20, pinned=True)]
+    half = "bf16" if "bf16" in dtypes or not dtypes else dtypes[0]
+    if "attention" in ops:
+        s = 512 if quick else 4096
+        dtype = half if gpu else "fp32"
+        for backend in (("flash", "efficient", "math", "cudnn") if gpu else ("flash", "math")):
+            out.append(_attention(2 if quick else 8, 8 if quick else 16, s, 64, dtype, backend))
+    if "conv2d" in ops:
+        out.append(_conv2d(8 if quick else 64, 64, 56, half if gpu else "fp32"))
+    if "block" in ops:
+        out.append(_block(2, 256, 256, 4, "fp32") if quick else _block(8, 1024, 768, 12, half if gpu else "fp32"))
+    if "train-step" in ops:
+        out.append(_train_step("gpt2", 1, 128, gpu) if quick else _train_step("gpt2", 8, 1024, gpu))
+    return out
+
+
+@contextlib.contextmanager
+def _precision(dtype: str, device: torch.device) -> Iterator[None]:
+    """TF32 is a process setting of PyTorch (not of the card): on for tf32 cases only, restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _peak(acc: Accelerator | None, case: Case) -> float | None:
+    if acc is None:
+        return None
+    if case.op == "copy":
+        return acc.memory_bandwidth_gbps
+    if case.op == "h2d":
+        return None
+    return acc.peak_tflops.get("fp16" if case.dtype == "bf16-mixed" else case.dtype)
+
+
+def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[object, float | None, float | None]:
+    device = torch.device(dev.name)
+    with _precision(case.dtype, device):
+        fn, flops, nbytes = case.make(device)
+        with measure(case.op, device=dev, warmup=warmup, repeats=repeats, flops=flops, bytes=nbytes) as m:
+            for _ in m:
+                fn()
+    return m.result, flops, nbytes
+
+
+def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
+              dtypes: tuple[str, ...] = ("fp32", "bf16"), accelerator: Accelerator | None = None,
+              progress: Callable[[str], None] | None = None) -> list[BenchResult]:
+    """Every case on ``device`` (and on the CPU for the speed-up), as results."""
+    dev = device_for(device)
+    target = torch.device(dev.name)
+    cpu = device_for("cpu")
+    warmup, repeats = (1, 3) if quick else (3, 10)
+    results = []
+    for case in cases(target, quick=quick, ops=ops, dtypes=dtypes):
+        if progress:
+            progress(f"{case.op} {case.dtype} {case.shape}{' ' + case.backend if case.backend else ''}")
+        try:
+            m, flops, nbytes = run_case(case, dev, warmup=warmup, repeats=repeats)
+        except (GpuwiseError, RuntimeError) as exc:  # a backend or dtype this device cannot run: say so
+            results.append(BenchResult(
+                op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=math.nan, p10_s=math.nan,
+                p90_s=math.nan, repeats=0, flops=None, bytes=None, tflops=None, gbps=None, peak_memory_bytes=None,
+                pct_of_peak=None, speedup_vs_cpu=None, backend=case.backend,
+                note=f"not run: {(str(exc).splitlines() or [''])[0][:100]}"))
+            continue
+        speedup = None
+        if target.type != "cpu" and case.cpu:
+            try:
+                base, _, _ = run_case(case, cpu, warmup=1, repeats=3 if not quick else 2)
+                speedup = base.median_s / m.median_s
+            except (GpuwiseError, RuntimeError):
+                speedup = None
+        peak = _peak(accelerator, case)
+        rate = m.gbps if case.op in ("copy", "h2d") else m.tflops
+        results.append(BenchResult(
+            op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=m.median_s, p10_s=m.p10_s,
+            p90_s=m.p90_s, repeats=m.repeats, flops=flops, bytes=nbytes, tflops=m.tflops, gbps=m.gbps,
+            peak_memory_bytes=m.peak_memory_bytes, pct_of_peak=None if rate is None or not peak else 100 * rate / peak,
+            speedup_vs_cpu=speedup, backend=case.backend,
+        ))
+    return results
+
+
+def compare(a: list[BenchResult], b: list[BenchResult]) -> list[tuple[BenchResult, BenchResult, float]]:
+    """Pairs of results of the same op, dtype, shape and backend, with b's speed over a's (b median / a median
+    inverted: above 1 means b is faster)."""
+    key = lambda r: (r.op, r.dtype, r.shape, r.backend)  # noqa: E731
+    index = {key(r): r for r in a if r.repeats}
+    return [(index[key(r)], r, index[key(r)].median_s / r.median_s) for r in b if r.repeats and key(r) in index]
+
