@@ -29,7 +29,12 @@ def test_bench_json_has_the_documented_keys(capsys):
     assert gemm["flops"] == 2 * 1024**3
     assert gemm["tflops"] == pytest.approx(gemm["flops"] / gemm["median_s"] / 1e12)
     copy = next(r for r in rows if r["op"] == "copy")
-    assert copy["bytes"] == 2 * 64 * 2**20  # read + write
+    import torch
+
+    from gpuwise.bench.suite import cache_bytes
+
+    size = max(64 * 2**20, 2 * cache_bytes(torch.device("cpu")))  # beyond the last-level cache
+    assert copy["shape"] == f"{size // 2**20} MiB" and copy["bytes"] == 2 * size  # read + write
     assert copy["gbps"] == pytest.approx(copy["bytes"] / copy["median_s"] / 1e9)
 
 

@@ -282,23 +282,30 @@ def _seconds(s: float | None) -> str:
 
 
 def render_bench(results: list[BenchResult], header: str, console: Console) -> None:
+    show_peak = any(r.pct_of_peak is not None for r in results)
+    show_cpu = any(r.speedup_vs_cpu is not None for r in results)
     table = Table(title=f"gpuwise bench: {header}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), ("median", "right"),
-                         ("±", "right"), ("rate", "right"), ("peak", "right"), ("vs CPU", "right")):
-        table.add_column(col, justify=justify, no_wrap=col != "shape", overflow="fold")
+    columns = [("op", "left"), ("dtype", "left"), ("shape", "left"), ("median", "right"), ("±", "right"),
+               ("rate", "right")] + [("peak", "right")] * show_peak + [("vs CPU", "right")] * show_cpu
+    for col, justify in columns:
+        table.add_column(col, justify=justify, no_wrap=col not in ("shape",), overflow="fold")
     for r in results:
-        op = f"{r.op} ({r.backend})" if r.backend else r.op
+        op = f"{r.op} {r.backend}" if r.backend else r.op
         if not r.repeats:
-            table.add_row(op, r.dtype, r.shape, Text(r.note or "not run", style="yellow"), "", "", "", "")
+            table.add_row(op, r.dtype, r.shape, Text(r.note or "not run", style="yellow"), "", "",
+                          *[""] * (show_peak + show_cpu))
             continue
         spread = 50 * (r.p90_s - r.p10_s) / r.median_s if r.median_s else 0.0
-        table.add_row(op, r.dtype, r.shape, _seconds(r.median_s), f"{spread:.0f}%",
-                      _rate(r), "-" if r.pct_of_peak is None else f"{r.pct_of_peak:.0f}%",
-                      "-" if r.speedup_vs_cpu is None else f"{r.speedup_vs_cpu:.1f}x")
+        row = [op, r.dtype, r.shape, _seconds(r.median_s), f"{spread:.0f}%", _rate(r)]
+        if show_peak:
+            row.append("-" if r.pct_of_peak is None else f"{r.pct_of_peak:.0f}%")
+        if show_cpu:
+            row.append("-" if r.speedup_vs_cpu is None else f"{r.speedup_vs_cpu:.1f}x")
+        table.add_row(*row)
     console.print(table)
     console.print("median of timed repeats after warm-up, the device synchronised before every clock read; ±: "
-                  "half the p10-p90 spread; peak: share of the catalog's dense figure for this device and dtype "
-                  "(bandwidth for copies).")
+                  "half the p10-p90 spread" + ("; peak: share of the catalog's dense figure for this device and "
+                                                "dtype (bandwidth for copies)" if show_peak else "") + ".")
 
 
 def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: tuple[str, str],

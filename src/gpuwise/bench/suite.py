@@ -9,10 +9,12 @@ lazy loading) are never counted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +24,10 @@ from gpuwise.bench.measure import measure
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator
 
-OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")
+OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")  # block: GPT-2 block, fwd + bwd
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-ROTATE_BYTES = 256 * 2**20  # inputs cycle through at least this much memory: more than any L2 or LLC
+MIN_ROTATE_BYTES = 64 * 2**20
 CPU_BASELINE_MAX_FLOPS = 2e11  # a CPU baseline that would take minutes is skipped
 
 
@@ -60,11 +62,24 @@ class Case:
     cpu: bool = True  # has a CPU baseline
 
 
+@functools.cache
+def cache_bytes(device: torch.device) -> int:
+    """The largest cache in front of ``device``'s memory: the GPU's L2, the CPU's last level (sysfs)."""
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        with contextlib.suppress(ValueError):
+            sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20, "G": 2**30}[text[-1]] if text[-1] in "KMG"
+                         else int(text))
+    return max(sizes, default=0)
+
+
 def _rotating(make_one: Callable[[], tuple], nbytes: int, device: torch.device) -> Callable[[], tuple]:
-    """Buffers of inputs, cycled call by call; together at least ROTATE_BYTES (or 2 on the CPU for big ones)."""
-    count = max(2, min(1024, math.ceil(ROTATE_BYTES / max(nbytes, 1))))
-    if device.type == "cpu":
-        count = max(2, min(count, math.ceil(64 * 2**20 / max(nbytes, 1))))
+    """Input buffers cycled call by call, together twice the largest cache (so no call reads warm data)."""
+    total = max(2 * cache_bytes(device), MIN_ROTATE_BYTES)
+    count = max(2, min(4096, math.ceil(total / max(nbytes, 1))))
     pool = [make_one() for _ in range(count)]
     cycle = itertools.cycle(pool)
     return lambda: next(cycle)
@@ -99,8 +114,7 @@ def _gemm(m: int, n: int, k: int, dtype: str) -> Case:
                 return a @ b
         return fn, 2.0 * m * n * k, None
 
-    return Case(op="gemm", dtype=dtype, shape=f"{m}x{k} @ {k}x{n}", make=make,
-                cpu=dtype in ("fp32", "bf16") and 2.0 * m * n * k <= CPU_BASELINE_MAX_FLOPS)
+    return Case(op="gemm", dtype=dtype, shape=f"{m}x{k} @ {k}x{n}", make=make, cpu=dtype in ("fp32", "bf16"))
 
 
 def _copy(nbytes: int) -> Case:
@@ -179,7 +193,7 @@ def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
 
         return fn, _fake_flops(lambda: Block(cfg), (b, s, h)), None
 
-    return Case(op="block", dtype=dtype, shape=f"b{b} s{s} h{h} fwd+bwd", make=make)
+    return Case(op="block", dtype=dtype, shape=f"b{b} s{s} h{h}", make=make)
 
 
 def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) -> float:
@@ -239,8 +253,9 @@ def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tu
             if not quick and gpu:  # LLM shapes: Llama-3-8B projections at 8192 tokens
                 out += [_gemm(8192, 4096, 4096, dtype), _gemm(8192, 14336, 4096, dtype), _gemm(8192, 4096, 14336,
                                                                                                dtype)]
-    if "copy" in ops:
-        out += [_copy(n) for n in ((64 * 2**20,) if quick or not gpu else (64 * 2**20, 1024 * 2**20))]
+    if "copy" in ops:  # more than the caches hold, so the figure is the memory's, not the cache's
+        beyond = max(MIN_ROTATE_BYTES, 2 * cache_bytes(device))
+        out += [_copy(n) for n in ((beyond,) if quick else sorted({beyond, 1024 * 2**20}))]
     if "h2d" in ops and device.type == "cuda":
         out += [_h2d(256 * 2**20, pinned=False), _h2d(256 * 2**20, pinned=True)]
     half = "bf16" if "bf16" in dtypes or not dtypes else dtypes[0]
@@ -279,7 +294,7 @@ def _peak(acc: Accelerator | None, case: Case) -> float | None:
         return acc.memory_bandwidth_gbps
     if case.op == "h2d":
         return None
-    return acc.peak_tflops.get("fp16" if case.dtype == "bf16-mixed" else case.dtype)
+    return acc.peak_tflops.get("bf16" if case.dtype == "bf16-mixed" else case.dtype)
 
 
 def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[object, float | None, float | None]:
@@ -313,8 +328,10 @@ def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
                 pct_of_peak=None, speedup_vs_cpu=None, backend=case.backend,
                 note=f"not run: {(str(exc).splitlines() or [''])[0][:100]}"))
             continue
-        speedup = None
-        if target.type != "cpu" and case.cpu:
+        speedup, note = None, None
+        if target.type != "cpu" and case.cpu and (flops or 0) > CPU_BASELINE_MAX_FLOPS:
+            note = "no CPU baseline: it would take minutes"
+        elif target.type != "cpu" and case.cpu:
             try:
                 base, _, _ = run_case(case, cpu, warmup=1, repeats=3 if not quick else 2)
                 speedup = base.median_s / m.median_s
@@ -326,7 +343,7 @@ def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
             op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=m.median_s, p10_s=m.p10_s,
             p90_s=m.p90_s, repeats=m.repeats, flops=flops, bytes=nbytes, tflops=m.tflops, gbps=m.gbps,
             peak_memory_bytes=m.peak_memory_bytes, pct_of_peak=None if rate is None or not peak else 100 * rate / peak,
-            speedup_vs_cpu=speedup, backend=case.backend,
+            speedup_vs_cpu=speedup, backend=case.backend, note=note,
         ))
     return results
 
