@@ -50,13 +50,41 @@ def test_table_save_compare_and_plot(capsys, tmp_path):
     assert code == 0 and len(pairs) == 4 and all(p["speedup"] == 1.0 for p in pairs)
 
 
-def test_calibration_is_stored_in_the_cache_folder(capsys, tmp_path, monkeypatch):
+def test_calibration_is_only_for_catalog_gpus(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    code, out, err = run(capsys, *FAST, "--calibrate")
-    assert code == 0, err
-    assert "calibration for cpu stored" in out
-    data = json.loads((tmp_path / "gpuwise" / "calibration.json").read_text())
-    assert data["cpu"]["tflops"]["fp32"] > 0 and data["cpu"]["gbps"] > 0
+    code, _, err = run(capsys, *FAST, "--calibrate")
+    assert code == 0 and "calibration not stored: plans are for catalog GPUs and cpu matches none" in err
+    assert not (tmp_path / "gpuwise").exists()
+
+
+def test_calibration_keeps_the_best_rates_and_merges_devices(tmp_path):
+    from gpuwise.bench.results import Calibration, load_calibrations, save_calibration
+    from gpuwise.bench.suite import BenchResult
+
+    def row(op, dtype, tflops=None, gbps=None):
+        return BenchResult(op=op, dtype=dtype, shape="s", device="cuda:0", median_s=1.0, p10_s=1.0, p90_s=1.0,
+                           repeats=3, flops=None, bytes=None, tflops=tflops, gbps=gbps, peak_memory_bytes=None,
+                           pct_of_peak=None, speedup_vs_cpu=None)
+
+    rows = [row("gemm", "bf16", 500.0), row("gemm", "bf16", 700.0), row("gemm", "fp32", 50.0),
+            row("copy", "fp32", gbps=3000.0), row("copy", "fp32", gbps=4000.0), row("conv2d", "bf16", 900.0)]
+    cal = Calibration.from_results("h200", rows)
+    assert cal.tflops == {"bf16": 700.0, "fp32": 50.0} and cal.gbps == 4000.0  # best GEMM per dtype, best copy
+    save_calibration(cal, tmp_path)
+    save_calibration(Calibration(device="a100-80gb-sxm", tflops={"bf16": 250.0}, gbps=None), tmp_path)
+    assert set(load_calibrations(tmp_path)) == {"h200", "a100-80gb-sxm"}
+
+
+def test_every_gpu_case_has_a_dtype_it_can_build():
+    """Even when only fp8 GEMMs are asked for, the other ops pick a 16-bit dtype (torch has no fp8 SDPA)."""
+    import torch
+
+    from gpuwise.bench.suite import OPS, cases
+
+    for dtypes in (("fp8",), ("fp32",), ("tf32", "fp16")):
+        for case in cases(torch.device("cuda"), quick=False, ops=OPS, dtypes=dtypes):
+            if case.op != "gemm":
+                assert case.dtype in ("fp32", "fp16", "bf16", "bf16-mixed"), (case.op, case.dtype)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -66,8 +94,18 @@ def test_calibration_is_stored_in_the_cache_folder(capsys, tmp_path, monkeypatch
     (["--plot", "r.svg"], "the picture is a PNG"),
     (["--compare", "missing.json"], "no such file: missing.json"),
     (["--calibrate", "--ops", "gemm"], "--calibrate stores GEMM and copy rates"),
+    (["--device", "foo"], "--device 'foo' is not a device name"),
+    (["--device", "cuda:x"], "--device 'cuda:x' is not a device name"),
+    (["--ops", "h2d", "--device", "cpu"], "nothing of --ops h2d runs on cpu"),
+    (["--compare", "{dir}"], "is a folder"),
+    (["--compare", "{file}", "--compare", "{file}"], "two --compare files run nothing, so --quick"),
+    (["--compare", "{file}", "--json"], "--json prints this run's results"),
+    (["--save", "{dir}"], "cannot write"),
 ])
-def test_bad_input(capsys, args, message):
+def test_bad_input(capsys, tmp_path, args, message):
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"results": []}))
+    args = [a.replace("{dir}", str(tmp_path)).replace("{file}", str(saved)) for a in args]
     code, _, err = run(capsys, "bench", "--quick", *args)
     assert code == 2 and message in err and err.count("\n") == 1
 

@@ -16,11 +16,12 @@ from gpuwise.hardware.detect import LocalMachine, describe_local
 
 __all__ = [
     "Accelerator", "Catalog", "DoctorReport", "Environment", "Finding", "GpuwiseError", "LocalMachine",
-    "MemoryPlan", "Setup", "__version__", "describe_local", "diagnose", "gather_environment", "load_catalog",
-    "plan", "plan_model",
+    "Measurement", "MemoryPlan", "Setup", "__version__", "describe_local", "diagnose", "gather_environment",
+    "load_catalog", "measure", "plan", "plan_model",
 ]  # fmt: skip
 
 _PLANNING = {"MemoryPlan", "Setup", "plan", "plan_model"}  # these import torch, so only when asked for
+_BENCH = {"Measurement", "measure"}
 
 
 def __getattr__(name: str):
@@ -28,4 +29,8 @@ def __getattr__(name: str):
         import gpuwise.planning
 
         return getattr(gpuwise.planning, name)
+    if name in _BENCH:
+        import gpuwise.bench
+
+        return getattr(gpuwise.bench, name)
     raise AttributeError(f"module 'gpuwise' has no attribute {name!r}")

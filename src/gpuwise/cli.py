@@ -247,6 +247,11 @@ def bench(
         raise GpuwiseError("--compare takes one file (against this run) or two",
                            "pass --compare A.json [--compare B.json]")
     if len(compare) == 2:
+        extra = [f for f, v in (("--save", save), ("--plot", plot), ("--calibrate", calibrate), ("--quick", quick),
+                                ("--ops", ops), ("--dtype", dtype), ("--device", device)) if v]
+        if extra:
+            raise GpuwiseError(f"two --compare files run nothing, so {extra[0]} has nothing to act on",
+                               f"drop {extra[0]}, or compare one file against a new run")
         (_, a), (_, b) = store.load(compare[0]), store.load(compare[1])
         from gpuwise.bench.suite import compare as pair
 
@@ -258,7 +263,17 @@ def bench(
         else:
             render.render_compare(pairs, (compare[0], compare[1]), _console())
         return
+    if compare and json_out:
+        raise GpuwiseError("--json prints this run's results; a comparison needs two saved runs",
+                           f"run with --save new.json, then: gpuwise bench --compare {compare[0]} --compare new.json")
     baseline = store.load(compare[0])[1] if compare else None
+    for target in (save, plot):  # fail before a run of minutes, not after it
+        if target is not None:
+            from pathlib import Path
+
+            folder = Path(target).parent
+            if Path(target).is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK):
+                raise GpuwiseError(f"cannot write {target}", "pick a file in a folder you can write to")
     import torch
 
     from gpuwise.bench.suite import DTYPES, OPS, run_suite
@@ -275,8 +290,11 @@ def bench(
     from gpuwise.hardware.detect import describe_local
 
     local = describe_local(gather_environment(os.environ), load_catalog())
-    kind = name.split(":")[0]
-    index = int(name.split(":")[1]) if ":" in name else 0
+    from gpuwise.bench.device import device_for
+
+    name = device_for(name).name  # checked here, before anything runs: "cuda" becomes "cuda:0"
+    kind, _, number = name.partition(":")
+    index = int(number or 0)
     match = next((d for d in local.devices if d.backend == kind or ((kind == "cuda" and d.backend == "rocm")
                   and (d.index in (None, index)))), None)
     accelerator = match.catalog_match if match else None
@@ -296,6 +314,9 @@ def bench(
     finally:
         if progress is not None:
             bar.stop()
+    if not results:
+        raise GpuwiseError(f"nothing of --ops {','.join(chosen_ops)} runs on {name}",
+                           "h2d needs a CUDA GPU; see 'gpuwise bench --help' for the ops")
     if json_out:
         render.print_json(store.to_dicts(results))
     else:
@@ -307,21 +328,28 @@ def bench(
     machine = {"device": label, "catalog": accelerator.key if accelerator else None}
     if save is not None:
         store.save(results, save, machine=machine)
-    if calibrate:
-        cal = store.Calibration.from_results(accelerator.key if accelerator else name, results)
+    if calibrate and accelerator is None:
+        print(f"calibration not stored: plans are for catalog GPUs and {name} matches none", file=sys.stderr)
+    elif calibrate:
+        cal = store.Calibration.from_results(accelerator.key, results)
         where = store.save_calibration(cal, store.cache_dir(dict(os.environ)))
         if not json_out:
-            print(f"calibration for {cal.device} stored in {where}: later plans for it use these rates")
+            quick_note = " (--quick sizes: below what the full suite reaches)" if quick else ""
+            print(f"calibration for {cal.device} stored in {where}{quick_note}: plans for it use these rates")
     if plot is not None:
         from gpuwise.plot import plot_roofline
 
-        gemms = [r.tflops for r in results if r.op == "gemm" and r.tflops]
-        copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
-        best = max(chosen_dtypes, key=lambda d: (accelerator.peak_tflops.get(d) or 0) if accelerator else 0)
-        peak_tflops = (accelerator.peak_tflops.get(best) if accelerator else None) or (max(gemms) if gemms else None)
-        peak_gbps = (accelerator.memory_bandwidth_gbps if accelerator else None) or (max(copies) if copies else None)
-        source = "catalog" if accelerator else "measured"
-        plot_roofline(results, plot, title=f"{label}: ceilings from the {source}", peak_tflops=peak_tflops,
+        dtypes_run = sorted({r.dtype for r in results if r.op == "gemm" and r.tflops})
+        if accelerator:  # a compute ceiling per dtype that ran, from the datasheet
+            ceilings = {d: accelerator.peak_tflops.get(d) for d in dtypes_run if accelerator.peak_tflops.get(d)}
+            peak_gbps = accelerator.memory_bandwidth_gbps
+        else:  # no datasheet: the best this run reached
+            ceilings = {d: max(r.tflops for r in results if r.op == "gemm" and r.dtype == d and r.tflops)
+                        for d in dtypes_run}
+            copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
+            peak_gbps = max(copies) if copies else None
+        source = "catalog" if accelerator else "best measured"
+        plot_roofline(results, plot, title=f"{label}: ceilings from the {source}", ceilings=ceilings,
                       peak_gbps=peak_gbps)
         if not json_out:
             print(f"roofline drawn to {plot}")

@@ -56,7 +56,7 @@ def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
-def plot_roofline(results, path: str | os.PathLike, *, title: str, peak_tflops: float | None,
+def plot_roofline(results, path: str | os.PathLike, *, title: str, ceilings: dict[str, float],
                   peak_gbps: float | None) -> None:
     """Achieved TFLOPS against arithmetic intensity (FLOPs per byte moved), under the compute and bandwidth
     ceilings. Ops timed without a byte count are placed by the bytes their inputs and outputs occupy."""
@@ -70,14 +70,13 @@ def plot_roofline(results, path: str | os.PathLike, *, title: str, peak_tflops: 
     xs = np.array([r.flops / _op_bytes(r) for r in points]) if points else np.array([1.0])
     lo, hi = max(xs.min() / 4, 0.01), xs.max() * 4
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
-    if peak_gbps:
-        roof = grid * peak_gbps / 1e3  # GB/s x FLOP/B = GFLOP/s; /1e3 -> TFLOPS
-        if peak_tflops:
-            roof = np.minimum(roof, peak_tflops)
-        ax.plot(grid, roof, color="black", linewidth=1.2, label=f"roofline: {peak_gbps:,.0f} GB/s, "
-                f"{peak_tflops or float('nan'):.3g} TFLOPS")
-    elif peak_tflops:
-        ax.axhline(peak_tflops, color="black", linewidth=1.2, label=f"compute ceiling {peak_tflops:.3g} TFLOPS")
+    styles = iter(["-", "--", "-.", ":", (0, (5, 1))])
+    for dtype, tflops in sorted(ceilings.items(), key=lambda kv: -kv[1]):  # one roof per dtype that ran
+        roof = np.minimum(grid * peak_gbps / 1e3, tflops) if peak_gbps else np.full_like(grid, tflops)
+        ax.plot(grid, roof, color="black", linewidth=1.0, linestyle=next(styles, "-"),
+                label=f"{dtype} roof: {tflops:.3g} TFLOPS" + (f", {peak_gbps:,.0f} GB/s" if peak_gbps else ""))
+    if peak_gbps and not ceilings:  # GB/s = 1e9 B/s; x FLOP/B -> GFLOP/s; /1e3 -> TFLOPS
+        ax.plot(grid, grid * peak_gbps / 1e3, color="black", linewidth=1.0, label=f"bandwidth {peak_gbps:,.0f} GB/s")
     for op in sorted({r.op for r in points}):
         mine = [r for r in points if r.op == op]
         ax.scatter([r.flops / _op_bytes(r) for r in mine], [r.tflops for r in mine], label=op, s=24)

@@ -74,7 +74,10 @@ class MpsDevice:
 
 def device_for(name: str) -> Device:
     """``cpu``, ``cuda``, ``cuda:N`` or ``mps``, checked against what this machine has."""
-    dev = torch.device(name) if name else torch.device("cpu")
+    try:
+        dev = torch.device(name.strip().lower()) if name and name.strip() else torch.device("cpu")
+    except (RuntimeError, ValueError):
+        raise GpuwiseError(f"--device {name!r} is not a device name", "use cpu, cuda, cuda:N or mps") from None
     if dev.type == "cpu":
         return CpuDevice()
     if dev.type == "cuda":

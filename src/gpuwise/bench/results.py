@@ -35,7 +35,9 @@ def load(path: str | os.PathLike) -> tuple[dict, list[BenchResult]]:
                                   for k, v in row.items() if k in names}) for row in rows]
     except FileNotFoundError:
         raise GpuwiseError(f"no such file: {path}", "pass a file written by 'gpuwise bench --save FILE'") from None
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        raise GpuwiseError(f"{path} is a folder", "pass a file written by 'gpuwise bench --save FILE'") from None
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError, UnicodeDecodeError) as exc:
         raise GpuwiseError(f"{path} is not a gpuwise bench file ({type(exc).__name__})",
                            "pass a file written by 'gpuwise bench --save FILE'") from None
     return data.get("machine", {}), results

@@ -13,14 +13,14 @@ import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from gpuwise.bench.device import Device, device_for
-from gpuwise.bench.measure import measure
+from gpuwise.bench.measure import Measurement, measure
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator
 
@@ -28,7 +28,8 @@ OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")  # b
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_ROTATE_BYTES = 64 * 2**20
-CPU_BASELINE_MAX_FLOPS = 2e11  # a CPU baseline that would take minutes is skipped
+CPU_BASELINE_MAX_S = 20.0  # a CPU baseline expected to take longer (all its runs) is skipped
+MIN_REPEAT_S = 1e-3  # a timed repeat runs the op enough times to last this long: sync and launch costs vanish
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +67,8 @@ class Case:
 def cache_bytes(device: torch.device) -> int:
     """The largest cache in front of ``device``'s memory: the GPU's L2, the CPU's last level (sysfs)."""
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return 0
         return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
     sizes = []
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
@@ -101,7 +104,9 @@ def _gemm(m: int, n: int, k: int, dtype: str) -> Case:
 
             def fn():
                 a, b = nxt()
-                return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                # fast accumulation, as fp8 training recipes use it forward (torchao's default)
+                return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                        use_fast_accum=True)
         else:
             if dtype == "tf32" and device.type != "cuda":
                 raise GpuwiseError("TF32 is an NVIDIA tensor-core format", "")
@@ -209,7 +214,7 @@ def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) ->
     return float(tracker.flops)
 
 
-def _train_step(model: str, batch: int, seq: int, gpu: bool) -> Case:
+def _train_step(model: str, batch: int, seq: int, cuda: bool) -> Case:
     """One AdamW step of a built-in model (bf16 autocast on GPUs, fp32 on the CPU); FLOPs from the planner."""
 
     def make(device: torch.device):
@@ -236,7 +241,7 @@ def _train_step(model: str, batch: int, seq: int, gpu: bool) -> Case:
                          batch_model=False).flops_per_step
         return fn, float(flops), None
 
-    return Case(op="train-step", dtype="bf16-mixed" if gpu else "fp32", shape=f"{model} b{batch} s{seq}", make=make)
+    return Case(op="train-step", dtype="bf16-mixed" if cuda else "fp32", shape=f"{model} b{batch} s{seq}", make=make)
 
 
 def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tuple[str, ...]) -> list[Case]:
@@ -258,7 +263,7 @@ def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tu
         out += [_copy(n) for n in ((beyond,) if quick else sorted({beyond, 1024 * 2**20}))]
     if "h2d" in ops and device.type == "cuda":
         out += [_h2d(256 * 2**20, pinned=False), _h2d(256 * 2**20, pinned=True)]
-    half = "bf16" if "bf16" in dtypes or not dtypes else dtypes[0]
+    half = "fp16" if "fp16" in dtypes and "bf16" not in dtypes else "bf16"  # attention, conv2d, block on a GPU
     if "attention" in ops:
         s = 512 if quick else 4096
         dtype = half if gpu else "fp32"
@@ -269,7 +274,8 @@ def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tu
     if "block" in ops:
         out.append(_block(2, 256, 256, 4, "fp32") if quick else _block(8, 1024, 768, 12, half if gpu else "fp32"))
     if "train-step" in ops:
-        out.append(_train_step("gpt2", 1, 128, gpu) if quick else _train_step("gpt2", 8, 1024, gpu))
+        cuda = device.type == "cuda"  # autocast is CUDA's: elsewhere the step runs in fp32
+        out.append(_train_step("gpt2", 1, 128, cuda) if quick else _train_step("gpt2", 8, 1024, cuda))
     return out
 
 
@@ -297,14 +303,28 @@ def _peak(acc: Accelerator | None, case: Case) -> float | None:
     return acc.peak_tflops.get("bf16" if case.dtype == "bf16-mixed" else case.dtype)
 
 
-def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[object, float | None, float | None]:
+def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[Measurement, float | None, float | None]:
+    """Time one case. A short op runs several times per timed repeat (at least MIN_REPEAT_S), and the
+    figures are per call: synchronising around every single call would count its latency as work."""
     device = torch.device(dev.name)
     with _precision(case.dtype, device):
         fn, flops, nbytes = case.make(device)
-        with measure(case.op, device=dev, warmup=warmup, repeats=repeats, flops=flops, bytes=nbytes) as m:
-            for _ in m:
+        with measure(case.op, device=dev, warmup=1, repeats=1) as probe:
+            for _ in probe:
                 fn()
-    return m.result, flops, nbytes
+        calls = max(1, min(1000, math.ceil(MIN_REPEAT_S / max(probe.result.median_s, 1e-9))))
+
+        def batch():
+            for _ in range(calls):
+                fn()
+
+        with measure(case.op, device=dev, warmup=warmup, repeats=repeats) as m:
+            for _ in m:
+                batch()
+    r = m.result
+    per_call = tuple(t / calls for t in r.times_s)
+    return replace(r, times_s=per_call, median_s=r.median_s / calls, p10_s=r.p10_s / calls, p90_s=r.p90_s / calls,
+                   flops=flops, bytes=nbytes), flops, nbytes
 
 
 def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
@@ -315,13 +335,14 @@ def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
     target = torch.device(dev.name)
     cpu = device_for("cpu")
     warmup, repeats = (1, 3) if quick else (3, 10)
+    cpu_rate = None  # FLOP/s of this CPU, to skip baselines that would take minutes
     results = []
     for case in cases(target, quick=quick, ops=ops, dtypes=dtypes):
         if progress:
             progress(f"{case.op} {case.dtype} {case.shape}{' ' + case.backend if case.backend else ''}")
         try:
             m, flops, nbytes = run_case(case, dev, warmup=warmup, repeats=repeats)
-        except (GpuwiseError, RuntimeError) as exc:  # a backend or dtype this device cannot run: say so
+        except (GpuwiseError, RuntimeError, ValueError, TypeError) as exc:  # a backend or dtype this device lacks
             results.append(BenchResult(
                 op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=math.nan, p10_s=math.nan,
                 p90_s=math.nan, repeats=0, flops=None, bytes=None, tflops=None, gbps=None, peak_memory_bytes=None,
@@ -329,14 +350,18 @@ def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
                 note=f"not run: {(str(exc).splitlines() or [''])[0][:100]}"))
             continue
         speedup, note = None, None
-        if target.type != "cpu" and case.cpu and (flops or 0) > CPU_BASELINE_MAX_FLOPS:
-            note = "no CPU baseline: it would take minutes"
-        elif target.type != "cpu" and case.cpu:
-            try:
-                base, _, _ = run_case(case, cpu, warmup=1, repeats=3 if not quick else 2)
-                speedup = base.median_s / m.median_s
-            except (GpuwiseError, RuntimeError):
-                speedup = None
+        if target.type != "cpu" and case.cpu:
+            if cpu_rate is None:
+                cpu_rate = run_case(_gemm(1024, 1024, 1024, "fp32"), cpu, warmup=1, repeats=2)[0].tflops * 1e12
+            runs = 6  # probe warm-up and call, warm-up, 3 repeats
+            if flops and flops * runs / cpu_rate > CPU_BASELINE_MAX_S:
+                note = f"no CPU baseline: about {flops * runs / cpu_rate:.0f} s at this CPU's rate"
+            else:
+                try:
+                    base, _, _ = run_case(case, cpu, warmup=1, repeats=2 if quick else 3)
+                    speedup = base.median_s / m.median_s
+                except (GpuwiseError, RuntimeError, ValueError, TypeError):
+                    note = "the CPU cannot run this case"
         peak = _peak(accelerator, case)
         rate = m.gbps if case.op in ("copy", "h2d") else m.tflops
         results.append(BenchResult(
@@ -352,6 +377,7 @@ def compare(a: list[BenchResult], b: list[BenchResult]) -> list[tuple[BenchResul
     """Pairs of results of the same op, dtype, shape and backend, with b's speed over a's (b median / a median
     inverted: above 1 means b is faster)."""
     key = lambda r: (r.op, r.dtype, r.shape, r.backend)  # noqa: E731
-    index = {key(r): r for r in a if r.repeats}
-    return [(index[key(r)], r, index[key(r)].median_s / r.median_s) for r in b if r.repeats and key(r) in index]
+    index = {key(r): r for r in a if r.repeats and r.median_s > 0}
+    return [(index[key(r)], r, index[key(r)].median_s / r.median_s) for r in b
+            if r.repeats and r.median_s > 0 and key(r) in index]
 
