@@ -28,7 +28,7 @@ OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")  # b
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_ROTATE_BYTES = 64 * 2**20
-CPU_BASELINE_MAX_S = 20.0  # a CPU baseline expected to take longer (all its runs) is skipped
+CPU_BASELINE_MAX_S = 10.0  # a CPU baseline expected to take longer (all its runs) is skipped
 MIN_REPEAT_S = 1e-3  # a timed repeat runs the op enough times to last this long: sync and launch costs vanish
 
 
