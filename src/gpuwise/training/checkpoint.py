@@ -1,0 +1,168 @@
+"""Checkpoints that survive a crash and refuse to run code.
+
+A checkpoint is a folder ``step-000123/`` holding ``model.safetensors`` (weights: tensors only, no code),
+``state.pt`` (optimizer, scheduler, scaler, RNG states, data position: read back with
+``torch.load(weights_only=True)``, so a pickle that carries code is refused) and ``manifest.json``
+(step, the run's fingerprint, each file's size and SHA-256). It is written as a hidden temporary folder,
+every file fsync'ed, then renamed into place and the parent fsync'ed: a crash leaves either the old set
+or the new one, never half a checkpoint. Loading checks the manifest; a corrupted or truncated
+checkpoint is skipped for the one before it, and the reason is reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from gpuwise.errors import GpuwiseError
+
+PREFIX = "step-"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    fingerprint: str
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _split_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """safetensors stores each storage once: tied weights (GPT-2's embedding and head) become aliases."""
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, int, tuple, tuple], str] = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if key in seen and t.numel():
+            aliases[name] = seen[key]
+        else:
+            seen[key] = name
+            unique[name] = t.detach().contiguous().cpu()
+    return unique, aliases
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generators, in types ``weights_only`` loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.copy()), pos, has_gauss, gauss],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(tuple(v if not isinstance(v, list) else tuple(v) for v in state["python"]))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.Tensor], state: dict[str, Any],
+         fingerprint: str, keep: int = 3) -> Checkpoint:
+    """Write checkpoint ``step`` into ``folder`` atomically, then keep only the newest ``keep``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{PREFIX}{step:09d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
+    try:
+        tensors, aliases = _split_shared(model_state)
+        save_file(tensors, str(tmp / "model.safetensors"))
+        torch.save(state, tmp / "state.pt")
+        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+                 for name in ("model.safetensors", "state.pt")}
+        manifest = {"step": step, "fingerprint": fingerprint, "aliases": aliases, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        for name in (*files, MANIFEST):
+            _fsync(tmp / name)
+        if final.exists():  # a checkpoint of this step from an earlier run: replace it
+            trash = folder / f".trash-{final.name}"
+            os.replace(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in sorted(folder.glob(f"{PREFIX}*"))[:-keep] if keep > 0 else []:
+        trash = folder / f".trash-{old.name}"
+        os.replace(old, trash)  # out of sight first: a kill during the delete leaves no half checkpoint
+        shutil.rmtree(trash, ignore_errors=True)
+    for leftover in (*folder.glob(f".{PREFIX}*"), *folder.glob(".trash-*")):  # left by processes killed earlier
+        if leftover != tmp:
+            shutil.rmtree(leftover, ignore_errors=True)
+    return Checkpoint(path=final, step=step, fingerprint=fingerprint)
+
+
+def _verify(path: Path) -> Checkpoint:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+        step, fingerprint = int(manifest["step"]), str(manifest["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GpuwiseError(f"{path.name}: no readable manifest ({type(exc).__name__})", "") from None
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file() or f.stat().st_size != meta["bytes"]:
+            raise GpuwiseError(f"{path.name}/{name} is missing or truncated", "")
+        if _sha256(f) != meta["sha256"]:
+            raise GpuwiseError(f"{path.name}/{name} does not match its checksum", "")
+    return Checkpoint(path=path, step=step, fingerprint=fingerprint)
+
+
+def latest(folder: str | os.PathLike) -> tuple[Checkpoint | None, list[str]]:
+    """The newest checkpoint that verifies, and why any newer ones were skipped."""
+    skipped: list[str] = []
+    for path in sorted(Path(folder).glob(f"{PREFIX}*"), reverse=True):
+        try:
+            return _verify(path), skipped
+        except GpuwiseError as exc:
+            skipped.append(exc.message)
+    return None, skipped
+
+
+def load(ckpt: Checkpoint, *, fingerprint: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Weights and state of a verified checkpoint; refuses another run's checkpoint and pickled code."""
+    if fingerprint is not None and ckpt.fingerprint != fingerprint:
+        raise GpuwiseError(f"{ckpt.path} was written by another model or config ({ckpt.fingerprint[:12]} here "
+                           f"{fingerprint[:12]})", "point --checkpoint-dir at this run's folder, or start afresh")
+    manifest = json.loads((ckpt.path / MANIFEST).read_text())
+    weights = load_file(str(ckpt.path / "model.safetensors"))
+    for alias, name in manifest.get("aliases", {}).items():
+        weights[alias] = weights[name]
+    try:
+        state = torch.load(ckpt.path / "state.pt", weights_only=True, map_location="cpu")
+    except Exception as exc:  # the restricted unpickler met something that is not plain data
+        raise GpuwiseError(f"{ckpt.path}/state.pt is refused: it is not plain data ({type(exc).__name__})",
+                           "gpuwise loads only checkpoints without pickled code; write a new one") from None
+    return weights, state
