@@ -10,4 +10,4 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (K, V) pair per block, 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy over a (B, T, V) logits tensor."""
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))

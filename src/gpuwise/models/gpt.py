@@ -74,7 +74,12 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
-        for name, p in self.named_parameters():  # GPT-2's scaled init of residual projections
+        for module in self.modules():  # GPT-2's init (as nanoGPT writes it): N(0, 0.02), zero biases
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, p in self.named_parameters():  # and the scaled init of residual projections
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
