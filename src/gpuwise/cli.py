@@ -205,6 +205,116 @@ def plan(
             print(f"timeline drawn to {plot}")
 
 
+@app.command()
+def train(
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Global batch (sequences per step).")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Sequences per forward (accumulate the rest).")] = None,
+    seq: Annotated[int, typer.Option(help="Characters per sequence.")] = 128,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (default: bf16-mixed on GPUs that have it, else fp32).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches.")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (default: the GPU if any).")] = None,
+    checkpoint_dir: Annotated[str | None, typer.Option(help="Folder for checkpoints (safetensors, manifest).")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints (and at the end).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest good checkpoint.")] = False,
+    log: Annotated[str | None, typer.Option(help="Append one JSON object per log step to this file.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Train a small character-level GPT on the English text that ships with Python (no download).
+
+    Examples: gpuwise train; gpuwise train --steps 500 --checkpoint-dir runs/char;
+    gpuwise train --checkpoint-dir runs/char --resume --steps 1000
+    """
+    import json as _json
+    from dataclasses import replace as _replace
+
+    import torch
+
+    from gpuwise import render
+    from gpuwise.bench.device import device_for
+    from gpuwise.models import get_model
+    from gpuwise.models.gpt import GPT, GPTConfig
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import ZooSource
+    from gpuwise.planning.workload import simulate
+    from gpuwise.training.config import TrainConfig
+    from gpuwise.training.data import CharText
+    from gpuwise.training.trainer import Trainer
+
+    name = device_for(device or ("cuda" if torch.cuda.is_available() else "cpu")).name
+    if precision is None:
+        precision = "bf16-mixed" if name.startswith("cuda") and torch.cuda.is_bf16_supported() else "fp32"
+    given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
+             "seed": seed, "checkpoint_every": checkpoint_every}
+    config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
+    if not 8 <= seq <= 1024:
+        raise GpuwiseError(f"--seq {seq} is outside 8..1024 characters", "pass e.g. --seq 128")
+    data = CharText(seq=seq, seed=config.seed)
+    torch.manual_seed(config.seed)
+    gpt = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=data.vocab_size, block_size=seq)
+    with torch.device(name):
+        model = GPT(gpt)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                  betas=(0.9, 0.95))
+    zoo = _replace(get_model("gpt2"), config=gpt, default_seq=seq, max_seq=seq)
+    flops = simulate(ZooSource(zoo=zoo), Setup(batch=config.micro_batch or config.batch, seq=seq,
+                                               precision=precision, grad_accum=config.grad_accum),
+                     batch_model=False).flops_per_step
+    peak = None
+    if name.startswith("cuda"):
+        from gpuwise.hardware.catalog import load_catalog
+
+        props = torch.cuda.get_device_properties(torch.device(name))
+        match = load_catalog().match_device(props.name, props.total_memory)
+        peak = match.peak_tflops.get({"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, precision)) \
+            if match else None
+    sink = open(log, "a") if log else None  # noqa: SIM115 - a stream, flushed line by line
+    console = Console(stderr=True)
+    progress_bar = None
+    if sys.stderr.isatty() and not json_out:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress_bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.description}"), TimeRemainingColumn(), console=console)
+        task = progress_bar.add_task("", total=config.steps)
+        progress_bar.start()
+
+    def on_log(entry) -> None:
+        if sink:
+            sink.write(_json.dumps(render.to_jsonable(entry)) + "\n")
+            sink.flush()
+        if progress_bar is not None:
+            progress_bar.update(task, completed=entry.step,
+                                description=f"loss {entry.loss:.3f} · {entry.tokens_per_s:,.0f} tok/s")
+        elif not json_out:
+            console.print(f"step {entry.step:>6}  loss {entry.loss:.4f}  lr {entry.lr:.2e}  "
+                          f"{entry.tokens_per_s:,.0f} tok/s" + (f"  MFU {100 * entry.mfu:.1f}%" if entry.mfu else ""))
+
+    trainer = Trainer(model, optimizer, data, config, device=name, flops_per_step=flops, peak_tflops=peak,
+                      checkpoint_dir=checkpoint_dir, on_log=on_log)
+    try:
+        result = trainer.fit(resume=resume)
+    finally:
+        if progress_bar is not None:
+            progress_bar.stop()
+        if sink:
+            sink.close()
+    summary = {"steps": result.steps, "final_loss": result.final_loss, "seconds": result.seconds,
+               "resumed_from": result.resumed_from, "skipped_steps": result.skipped_steps, "device": name,
+               "precision": precision, "params": sum(p.numel() for p in model.parameters()),
+               "checkpoint_dir": checkpoint_dir}
+    if json_out:
+        render.print_json(summary)
+    else:
+        print(f"trained {summary['params']:,} parameters for {result.steps} steps on {name} ({precision}) in "
+              f"{result.seconds:.1f} s: loss {result.final_loss:.4f}"
+              + (f", resumed from step {result.resumed_from}" if result.resumed_from else "")
+              + (f"; checkpoints in {checkpoint_dir}" if checkpoint_dir else ""))
+
+
 def _csv(value: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str, ...] | None:
     if value is None:
         return None
