@@ -52,3 +52,24 @@ def test_resume_through_the_command_line_continues_exactly(capsys, tmp_path):
 def test_bad_input(capsys, args, message):
     code, _, err = run(capsys, "train", "--steps", "2", *args)
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_two_processes_over_gloo_match_one_process(capsys, tmp_path):
+    """torchrun with 2 CPU processes (DDP over gloo, accumulation with no_sync) takes the same steps as one
+    process with the same global batch."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["train", "--steps", "6", "--batch", "8", "--micro-batch", "2", "--seq", "16"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert run(capsys, *args, "--log", str(one))[0] == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "gpuwise", *args, "--log-file", str(two), "--checkpoint-dir", str(tmp_path / "ck")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a = [json.loads(line)["loss"] for line in one.read_text().splitlines()]
+    b = [json.loads(line)["loss"] for line in two.read_text().splitlines()]
+    assert len(a) == len(b) == 1 and b[0] == pytest.approx(a[0], rel=1e-4)
+    assert (tmp_path / "ck" / "step-000000006" / "manifest.json").is_file()  # written once, by rank 0

@@ -220,7 +220,9 @@ def train(
     checkpoint_dir: Annotated[str | None, typer.Option(help="Folder for checkpoints (safetensors, manifest).")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints (and at the end).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest good checkpoint.")] = False,
-    log: Annotated[str | None, typer.Option(help="Append one JSON object per log step to this file.")] = None,
+    log: Annotated[str | None, typer.Option(
+        "--log", "--log-file", help="Append one JSON object per log step to this file (under torchrun write "
+        "--log-file: torchrun's own parser takes --log for its --log-dir).")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Train a small character-level GPT on the English text that ships with Python (no download).
@@ -293,11 +295,19 @@ def train(
             console.print(f"step {entry.step:>6}  loss {entry.loss:.4f}  lr {entry.lr:.2e}  "
                           f"{entry.tokens_per_s:,.0f} tok/s" + (f"  MFU {100 * entry.mfu:.1f}%" if entry.mfu else ""))
 
-    trainer = Trainer(model, optimizer, data, config, device=name, flops_per_step=flops, peak_tflops=peak,
-                      checkpoint_dir=checkpoint_dir, on_log=on_log)
+    from gpuwise.training.distributed import Ranks, start, stop
+
+    ranks = Ranks.from_environ(os.environ)  # set by torchrun
+    if ranks.world_size > 1 and name.startswith("cuda"):
+        name = f"cuda:{ranks.local_rank}"
+        model = model.to(name)
+    start(ranks, torch.device(name))
     try:
+        trainer = Trainer(model, optimizer, data, config, device=name, flops_per_step=flops, peak_tflops=peak,
+                          checkpoint_dir=checkpoint_dir, on_log=on_log, ranks=ranks)
         result = trainer.fit(resume=resume)
     finally:
+        stop(ranks)
         if progress_bar is not None:
             progress_bar.stop()
         if sink:
@@ -306,6 +316,8 @@ def train(
                "resumed_from": result.resumed_from, "skipped_steps": result.skipped_steps, "device": name,
                "precision": precision, "params": sum(p.numel() for p in model.parameters()),
                "checkpoint_dir": checkpoint_dir}
+    if not ranks.main:
+        return
     if json_out:
         render.print_json(summary)
     else:

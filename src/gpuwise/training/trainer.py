@@ -22,6 +22,7 @@ from torch import nn
 from gpuwise.errors import GpuwiseError
 from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
+from gpuwise.training.distributed import Ranks
 
 
 class Batches(Protocol):
@@ -75,7 +76,16 @@ def fingerprint(model: nn.Module, config: TrainConfig) -> str:
 class Trainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, data: Batches, config: TrainConfig, *,
                  device: str = "cpu", flops_per_step: float | None = None, peak_tflops: float | None = None,
-                 checkpoint_dir: str | Path | None = None, on_log: Callable[[StepLog], None] | None = None) -> None:
+                 checkpoint_dir: str | Path | None = None, on_log: Callable[[StepLog], None] | None = None,
+                 ranks: Ranks | None = None) -> None:
+        self.ranks = ranks or Ranks()
+        self.config_batch_split(config, self.ranks)
+        self.module = model  # unwrapped: what checkpoints hold
+        if self.ranks.world_size > 1:  # gradients averaged over processes; each takes a slice of the batch
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(model, device_ids=[torch.device(device).index]
+                                            if torch.device(device).type == "cuda" else None)
         self.model, self.optimizer, self.data, self.config = model, optimizer, data, config
         self.device = torch.device(device)
         self.flops_per_step, self.peak_tflops = flops_per_step, peak_tflops
@@ -86,8 +96,17 @@ class Trainer:
         # One scaler for the whole run: its scale adapts across steps (a new one per step never learns).
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=fp16)
         self.autocast_dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(config.precision)
-        self.fingerprint = fingerprint(model, config)
+        self.fingerprint = fingerprint(self.module, config)
         self.step = 0
+
+    @staticmethod
+    def config_batch_split(config: TrainConfig, ranks: Ranks) -> bool:
+        per_rank = config.batch // ranks.world_size
+        if config.batch % ranks.world_size or per_rank % (config.micro_batch or per_rank):
+            raise GpuwiseError(f"--batch {config.batch} does not split over {ranks.world_size} processes"
+                               + (f" in micro-batches of {config.micro_batch}" if config.micro_batch else ""),
+                               "make the batch a multiple of processes x micro-batch")
+        return True
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -97,10 +116,13 @@ class Trainer:
     def _save(self) -> None:
         if self.checkpoint_dir is None:
             return
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "scaler": self.scaler.state_dict(), "rng": ckpt.rng_state(), "step": self.step}
-        ckpt.save(self.checkpoint_dir, self.step, model_state=self.model.state_dict(), state=state,
-                  fingerprint=self.fingerprint, keep=self.config.keep)
+        if self.ranks.main:  # one writer; every process holds the same weights and optimizer state under DDP
+            state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "scaler": self.scaler.state_dict(), "rng": ckpt.rng_state(), "step": self.step}
+            ckpt.save(self.checkpoint_dir, self.step, model_state=self.module.state_dict(), state=state,
+                      fingerprint=self.fingerprint, keep=self.config.keep)
+        if self.ranks.world_size > 1:
+            torch.distributed.barrier()
 
     def _resume(self) -> int | None:
         if self.checkpoint_dir is None:
@@ -110,7 +132,7 @@ class Trainer:
             reason = f" ({'; '.join(skipped)})" if skipped else ""
             raise GpuwiseError(f"no usable checkpoint in {self.checkpoint_dir}{reason}", "start without --resume")
         weights, state = ckpt.load(found, fingerprint=self.fingerprint)
-        self.model.load_state_dict(weights)
+        self.module.load_state_dict(weights)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
@@ -121,8 +143,9 @@ class Trainer:
     def fit(self, *, resume: bool = False) -> TrainResult:
         cfg = self.config
         resumed = self._resume() if resume else None
-        micro = cfg.micro_batch or cfg.batch
-        accum = cfg.grad_accum
+        per_rank = cfg.batch // self.ranks.world_size
+        micro = cfg.micro_batch or per_rank
+        accum = per_rank // micro
         logs: list[StepLog] = []
         skipped_steps = 0
         start = time.perf_counter()
@@ -133,16 +156,22 @@ class Trainer:
                 torch.cuda.reset_peak_memory_stats(self.device)
             loss_sum = torch.zeros((), device=self.device)
             tokens = 0
-            inputs, targets = self.data.batch(self.step, cfg.batch)  # the step's global batch, split below
+            inputs, targets = self.data.batch(self.step, cfg.batch)  # the step's global batch: this rank's slice
+            first = self.ranks.rank * per_rank
             for m in range(accum):
-                rows = slice(m * micro, (m + 1) * micro)
+                rows = slice(first + m * micro, first + (m + 1) * micro)
                 x = inputs[rows].to(self.device, non_blocking=True)
                 y = targets[rows].to(self.device, non_blocking=True)
-                with self._autocast():
+                # DDP all-reduces on the last micro-batch only, not on every one
+                sync = self.ranks.world_size == 1 or m == accum - 1
+                with self._autocast(), contextlib.nullcontext() if sync else self.model.no_sync():
                     loss = self.model(x, y) / accum  # the mean over the whole batch, micro-batch by micro-batch
-                self.scaler.scale(loss).backward()
+                    self.scaler.scale(loss).backward()
                 loss_sum += loss.detach().float()
                 tokens += y.numel()
+            if self.ranks.world_size > 1:  # the loss of the global batch, as one process would see it
+                torch.distributed.all_reduce(loss_sum)
+                loss_sum /= self.ranks.world_size
             if not torch.isfinite(loss_sum):
                 raise GpuwiseError(f"the loss is {loss_sum.item()} at step {self.step + 1}",
                                    "lower --lr, or use --precision bf16-mixed (fp16 overflows where bf16 does not)"
@@ -172,7 +201,7 @@ class Trainer:
                               peak_memory_bytes=int(torch.cuda.max_memory_allocated(self.device))
                               if self.device.type == "cuda" else None, skipped=skipped)
                 logs.append(log)
-                if self.on_log:
+                if self.on_log and self.ranks.main:
                     self.on_log(log)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
                 self._save()

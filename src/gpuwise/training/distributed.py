@@ -1,0 +1,36 @@
+"""Data parallelism under torchrun: which process this is, and the process group (NCCL on GPUs, gloo on CPUs)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Ranks:
+        """torchrun's RANK, WORLD_SIZE and LOCAL_RANK (a plain ``python`` run is one process)."""
+        return cls(rank=int(environ.get("RANK", 0)), world_size=int(environ.get("WORLD_SIZE", 1)),
+                   local_rank=int(environ.get("LOCAL_RANK", 0)))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def start(ranks: Ranks, device: torch.device) -> None:
+    if ranks.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def stop(ranks: Ranks) -> None:
+    if ranks.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
