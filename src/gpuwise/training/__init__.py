@@ -1,1 +1,1 @@
-"""Training: checkpoints now; the Trainer and ``gpuwise train`` build on them (issue 5)."""
+"""Training: the loop (trainer.py), its config and data, crash-safe checkpoints, torchrun ranks."""

@@ -100,13 +100,13 @@ class Trainer:
         self.step = 0
 
     @staticmethod
-    def config_batch_split(config: TrainConfig, ranks: Ranks) -> bool:
+    def config_batch_split(config: TrainConfig, ranks: Ranks) -> None:
+        """The global batch must split evenly over the processes, and each share into micro-batches."""
         per_rank = config.batch // ranks.world_size
         if config.batch % ranks.world_size or per_rank % (config.micro_batch or per_rank):
             raise GpuwiseError(f"--batch {config.batch} does not split over {ranks.world_size} processes"
                                + (f" in micro-batches of {config.micro_batch}" if config.micro_batch else ""),
                                "make the batch a multiple of processes x micro-batch")
-        return True
 
     def _autocast(self):
         if self.autocast_dtype is None:
