@@ -89,3 +89,28 @@ def test_batches_are_a_function_of_their_number():
     a, b = DATA.batch(7, 4), DATA.batch(7, 4)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1][:, :-1], a[0][:, 1:])  # targets: the next character
     assert not torch.equal(DATA.batch(8, 4)[0], a[0])
+
+
+def test_auto_picks_the_largest_micro_batch_the_plan_fits():
+    """Between the plan's peaks at micro-batch 4 and 8, the choice is 4 (the largest divisor of 16 that fits)."""
+    from dataclasses import replace
+
+    from gpuwise.models import get_model
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import ZooSource
+    from gpuwise.planning.workload import simulate
+    from gpuwise.training.auto import choose
+
+    gpt = GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32)
+    src = ZooSource(zoo=replace(get_model("gpt2"), config=gpt, default_seq=32, max_seq=32))
+
+    def peak(micro: int) -> float:
+        w = simulate(src, Setup(batch=micro, seq=32, precision="fp32", grad_accum=2), batch_model=False)
+        return float(w.timeline.live(micro).sum(axis=1).max())
+
+    free = (peak(4) + peak(8)) / 2 / 0.9  # 10% headroom is kept
+    choice = choose(src, precision=None, seq=32, per_rank=16, free_bytes=int(free), device_type="cpu", bf16=False)
+    assert (choice.precision, choice.micro_batch, choice.grad_accum) == ("fp32", 4, 4)
+    assert "micro-batch 4 x 4 accumulation" in choice.reason
+    gpu = choose(src, precision=None, seq=32, per_rank=16, free_bytes=80 * 2**30, device_type="cuda", bf16=True)
+    assert gpu.precision == "bf16-mixed" and gpu.micro_batch == 16

@@ -223,6 +223,8 @@ def train(
     log: Annotated[str | None, typer.Option(
         "--log", "--log-file", help="Append one JSON object per log step to this file (under torchrun write "
         "--log-file: torchrun's own parser takes --log for its --log-dir).")] = None,
+    auto: Annotated[bool, typer.Option("--auto/--no-auto", help="Let the planner pick the precision and the "
+                                                                "micro-batch that fits the free memory.")] = True,
     json_out: JsonFlag = False,
 ) -> None:
     """Train a small character-level GPT on the English text that ships with Python (no download).
@@ -244,24 +246,42 @@ def train(
     from gpuwise.planning.workload import simulate
     from gpuwise.training.config import TrainConfig
     from gpuwise.training.data import CharText
+    from gpuwise.training.distributed import Ranks, start, stop
     from gpuwise.training.trainer import Trainer
 
+    ranks = Ranks.from_environ(os.environ)  # set by torchrun
     name = device_for(device or ("cuda" if torch.cuda.is_available() else "cpu")).name
-    if precision is None:
-        precision = "bf16-mixed" if name.startswith("cuda") and torch.cuda.is_bf16_supported() else "fp32"
+    cuda = name.startswith("cuda")
+    if ranks.world_size > 1 and cuda:
+        name = f"cuda:{ranks.local_rank}"
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
              "seed": seed, "checkpoint_every": checkpoint_every}
     config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
     if not 8 <= seq <= 1024:
         raise GpuwiseError(f"--seq {seq} is outside 8..1024 characters", "pass e.g. --seq 128")
     data = CharText(seq=seq, seed=config.seed)
-    torch.manual_seed(config.seed)
     gpt = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=data.vocab_size, block_size=seq)
+    zoo = _replace(get_model("gpt2"), config=gpt, default_seq=seq, max_seq=seq)
+    if auto:
+        import psutil
+
+        from gpuwise.training.auto import choose
+
+        free = torch.cuda.mem_get_info(torch.device(name))[0] if cuda else psutil.virtual_memory().available
+        choice = choose(ZooSource(zoo=zoo), precision=precision, seq=seq,
+                        per_rank=config.batch // ranks.world_size, free_bytes=free,
+                        device_type=name.split(":")[0], bf16=cuda and torch.cuda.is_bf16_supported())
+        config = _replace(config, precision=choice.precision, micro_batch=micro_batch or choice.micro_batch)
+        if not json_out and ranks.main:
+            print(f"auto: {choice.reason}" + (f" (--micro-batch {micro_batch} as asked)" if micro_batch else ""))
+    elif precision is None:
+        config = _replace(config, precision="bf16-mixed" if cuda and torch.cuda.is_bf16_supported() else "fp32")
+    precision = config.precision
+    torch.manual_seed(config.seed)
     with torch.device(name):
         model = GPT(gpt)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, 0.95))
-    zoo = _replace(get_model("gpt2"), config=gpt, default_seq=seq, max_seq=seq)
     flops = simulate(ZooSource(zoo=zoo), Setup(batch=config.micro_batch or config.batch, seq=seq,
                                                precision=precision, grad_accum=config.grad_accum),
                      batch_model=False).flops_per_step
@@ -295,12 +315,6 @@ def train(
             console.print(f"step {entry.step:>6}  loss {entry.loss:.4f}  lr {entry.lr:.2e}  "
                           f"{entry.tokens_per_s:,.0f} tok/s" + (f"  MFU {100 * entry.mfu:.1f}%" if entry.mfu else ""))
 
-    from gpuwise.training.distributed import Ranks, start, stop
-
-    ranks = Ranks.from_environ(os.environ)  # set by torchrun
-    if ranks.world_size > 1 and name.startswith("cuda"):
-        name = f"cuda:{ranks.local_rank}"
-        model = model.to(name)
     start(ranks, torch.device(name))
     try:
         trainer = Trainer(model, optimizer, data, config, device=name, flops_per_step=flops, peak_tflops=peak,
