@@ -57,7 +57,16 @@ def cuda_env(*, name="NVIDIA H100 80GB HBM3", cc=(9, 0), count=1, driver="580.82
     return replace(env, **changes)
 
 
-__all__ = ["ARCHS_CU126", "ARCHS_CU130", "CPU", "GpuProcess", "cpu_env", "cuda_env", "gpu", "nvml"]
+__all__ = ["ARCHS_CU126", "ARCHS_CU130", "CPU", "GpuProcess", "cpu_env", "cuda_env", "gpu", "nvml", "run_cli"]
+
+
+def run_cli(capsys, *args):
+    """Run ``gpuwise *args`` in-process: (exit code, stdout, stderr)."""
+    from gpuwise import cli
+
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.fixture(autouse=True)

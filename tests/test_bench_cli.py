@@ -6,15 +6,12 @@ import json
 
 import pytest
 
-from gpuwise import cli
+from conftest import run_cli
 
 FAST = ["bench", "--quick", "--ops", "gemm,copy", "--dtype", "fp32", "--device", "cpu"]
 
 
-def run(capsys, *args):
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def test_bench_json_has_the_documented_keys(capsys):

@@ -8,8 +8,7 @@ from importlib import resources
 
 import pytest
 
-from conftest import cuda_env
-from gpuwise import cli
+from conftest import cuda_env, run_cli
 from gpuwise.units import GB, GiB
 
 if sys.version_info >= (3, 11):
@@ -18,10 +17,7 @@ else:
     import tomli as tomllib
 
 
-def run(capsys, *args):
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 # One run of each command in every output mode.

@@ -7,16 +7,12 @@ import textwrap
 
 import pytest
 
-from gpuwise import cli
+from conftest import run_cli
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import MODELS
 from gpuwise.planning import Setup, plan_model
 
-
-def run(capsys, *args):
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 SMALL = ["--model", "gpt2", "--seq", "128", "--batch", "2"]

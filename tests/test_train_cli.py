@@ -6,15 +6,12 @@ import json
 
 import pytest
 
-from gpuwise import cli
+from conftest import run_cli
 
 TINY = ["train", "--steps", "6", "--batch", "4", "--seq", "16"]
 
 
-def run(capsys, *args):
-    code = cli.main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+run = run_cli
 
 
 def test_train_json_summary_and_log_lines(capsys, tmp_path):

@@ -39,13 +39,11 @@ class Capture:
     """One recorded step at one batch size (and, for scaled models, one number of blocks)."""
 
     batch: int
-    n_layer: int | None
     labels: tuple[tuple[str, int | None], ...]  # (phase, block) of each sample
     ops: tuple[str, ...]
     live: np.ndarray = field(repr=False)  # (samples, categories) bytes
     end_of_forward: int
     flops_per_step: int  # one optimizer step: grad_accum micro-batches
-    flops_by_op: dict[str, int]
     bytes_per_step: int
     uncosted: dict[str, int]
     params: int
@@ -261,9 +259,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         flops_per_step = fb_flops * setup.grad_accum // micro + opt_flops
         bytes_per_step = fb_bytes * setup.grad_accum // micro + tracker.bytes_moved - fb_bytes
         return Capture(
-            batch=batch, n_layer=n_layer, labels=tuple(tracker.labels), ops=tuple(tracker.ops),
+            batch=batch, labels=tuple(tracker.labels), ops=tuple(tracker.ops),
             live=tracker.timeline(), end_of_forward=end_of_forward, flops_per_step=flops_per_step,
-            flops_by_op=dict(tracker.flops_by_op), bytes_per_step=bytes_per_step,
+            bytes_per_step=bytes_per_step,
             uncosted=dict(tracker.uncosted), params=params, trainable_params=sum(p.numel() for p in trainable),
             block_bytes=block_bytes, block_trainable_params=block_trainable, measured_peak_bytes=measured,
         )

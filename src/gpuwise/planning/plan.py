@@ -267,7 +267,8 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     phase, block = tl.labels[i]
     calibrations = calibrations or {}
     fits = tuple(fit_on(w, acc, calibration=calibrations.get(acc.key)) for acc in ([primary] if gpu else list(catalog)))
-    mine = fit_on(w, primary, calibration=calibrations.get(primary.key))
+    mine = next((f for f in fits if f.gpu == primary.key), None) or fit_on(
+        w, primary, calibration=calibrations.get(primary.key))  # the table has it unless --gpu was elsewhere
     return MemoryPlan(
         model=w.model, setup=setup, params=w.params, trainable_params=w.trainable_params,
         flops_per_step=w.flops_per_step, bytes_per_step=w.bytes_per_step, tokens_per_step=w.tokens_per_step,
