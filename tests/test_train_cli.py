@@ -33,7 +33,7 @@ def test_resume_through_the_command_line_continues_exactly(capsys, tmp_path):
     assert run(capsys, *args, "--steps", "10", "--checkpoint-dir", str(ckpts))[0] == 0
     code, out, _ = run(capsys, *args, "--steps", "20", "--checkpoint-dir", str(ckpts), "--resume",
                        "--log", str(resumed))
-    assert code == 0 and "resumed from step 10" in out
+    assert code == 0 and "resumed from 10" in out
     a = [json.loads(line) for line in straight.read_text().splitlines()]
     b = [json.loads(line) for line in resumed.read_text().splitlines()]
     assert [e["loss"] for e in a if e["step"] > 10] == [e["loss"] for e in b]

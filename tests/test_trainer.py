@@ -50,10 +50,15 @@ def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
     assert [log.loss for log in resumed.logs] == [log.loss for log in straight.logs[6:]]
 
 
-def test_resume_refuses_another_config(tmp_path):
+def test_resume_refuses_another_config_and_names_the_difference(tmp_path):
     _trainer(TrainConfig(steps=2, batch=8), checkpoint_dir=tmp_path).fit()
-    with pytest.raises(GpuwiseError, match="written by another model or config"):
+    with pytest.raises(GpuwiseError, match="written with batch 8, this run has 4"):
         _trainer(TrainConfig(steps=4, batch=4), checkpoint_dir=tmp_path).fit(resume=True)
+    wider = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=DATA.vocab_size, block_size=32))
+    trainer = Trainer(wider, torch.optim.AdamW(wider.parameters()), DATA, TrainConfig(steps=4, batch=8),
+                      checkpoint_dir=tmp_path)
+    with pytest.raises(GpuwiseError, match=r"from another model: wte.weight is \[\[\d+, 48\], 'float32'\] there"):
+        trainer.fit(resume=True)
 
 
 def test_a_non_finite_loss_stops_with_the_step():

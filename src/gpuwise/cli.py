@@ -207,16 +207,35 @@ def plan(
 
 @app.command()
 def train(
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
-    batch: Annotated[int | None, typer.Option(help="Global batch (sequences per step).")] = None,
-    micro_batch: Annotated[int | None, typer.Option(help="Sequences per forward (accumulate the rest).")] = None,
-    seq: Annotated[int, typer.Option(help="Characters per sequence.")] = 128,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    task: Annotated[str, typer.Option(help="text: a character GPT on Python's own docs; image: a small CNN on "
+                                           "synthetic images (ignored with --model).")] = "text",
+    model: Annotated[str | None, typer.Option(help="Your model: file.py:function, function(batch) returns "
+                                                   "(model, inputs) as for gpuwise plan.")] = None,
+    data: Annotated[str | None, typer.Option(help="Your data: file.py:function returning a Dataset of (input, "
+                                                  "target) items, or (train, val) Datasets. Needs --model.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps [200].")] = None,
+    batch: Annotated[int | None, typer.Option(help="Global batch (sequences or samples per step) [32].")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Per forward, per process (the rest is accumulated) "
+                                                         "[--auto's choice].")] = None,
+    seq: Annotated[int | None, typer.Option(help="--task text: characters per sequence [128].")] = None,
+    image_size: Annotated[int | None, typer.Option(help="--task image: pixels per side [32].")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate [3e-3].")] = None,
     precision: Annotated[str | None, typer.Option(
-        help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (default: bf16-mixed on GPUs that have it, else fp32).")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches.")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N (default: the GPU if any).")] = None,
+        help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 [bf16-mixed on GPUs that have it, fp16-mixed on those "
+             "that do not, fp32 on CPUs].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches [1337].")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N [the GPU if any].")] = None,
+    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
+    checkpointing: Annotated[bool, typer.Option("--checkpointing", help="Recompute each block in backward "
+                                                                        "(activation checkpointing).")] = False,
+    sharding: Annotated[str | None, typer.Option(help="Under torchrun: ddp (replicate) or fsdp (FSDP2, sharded "
+                                                      "checkpoints) [ddp].")] = None,
+    fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel [fused on GPUs].")] = None,
+    workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
+                       ] = None,
+    eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps [at the end]."
+                                                   )] = None,
+    log_every: Annotated[int | None, typer.Option(help="Steps between log lines [10].")] = None,
     checkpoint_dir: Annotated[str | None, typer.Option(help="Folder for checkpoints (safetensors, manifest).")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints (and at the end).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest good checkpoint.")] = False,
@@ -227,118 +246,56 @@ def train(
                                                                 "micro-batch that fits the free memory.")] = True,
     json_out: JsonFlag = False,
 ) -> None:
-    """Train a small character-level GPT on the English text that ships with Python (no download).
+    """Train with AMP, accumulation, clipping, checkpoints and exact resume; settings from the plan.
 
-    Examples: gpuwise train; gpuwise train --steps 500 --checkpoint-dir runs/char;
-    gpuwise train --checkpoint-dir runs/char --resume --steps 1000
+    With no arguments: a small character-level GPT on the English text that ships with Python (no download).
+    Under torchrun: DDP (or --sharding fsdp) over NCCL on GPUs, gloo on CPUs.
+
+    Examples: gpuwise train; gpuwise train --task image; gpuwise train --steps 500 --checkpoint-dir runs/char;
+    gpuwise train --checkpoint-dir runs/char --resume --steps 1000; gpuwise train --model m.py:build --data
+    m.py:dataset; torchrun --nproc_per_node 2 -m gpuwise train --sharding fsdp
     """
     import json as _json
-    from dataclasses import replace as _replace
-
-    import torch
 
     from gpuwise import render
-    from gpuwise.bench.device import device_for
-    from gpuwise.models import get_model
-    from gpuwise.models.gpt import GPT, GPTConfig
-    from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import ZooSource
-    from gpuwise.planning.workload import simulate
-    from gpuwise.training.config import TrainConfig
-    from gpuwise.training.data import CharText
-    from gpuwise.training.distributed import Ranks, start, stop
-    from gpuwise.training.trainer import Trainer
+    from gpuwise.training.distributed import Ranks
+    from gpuwise.training.run import TrainOptions, run_training
 
-    ranks = Ranks.from_environ(os.environ)  # set by torchrun
-    name = device_for(device or ("cuda" if torch.cuda.is_available() else "cpu")).name
-    cuda = name.startswith("cuda")
-    if ranks.world_size > 1 and cuda:
-        name = f"cuda:{ranks.local_rank}"
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
-             "seed": seed, "checkpoint_every": checkpoint_every}
-    config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
-    if not 8 <= seq <= 1024:
-        raise GpuwiseError(f"--seq {seq} is outside 8..1024 characters", "pass e.g. --seq 128")
-    data = CharText(seq=seq, seed=config.seed)
-    gpt = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=data.vocab_size, block_size=seq)
-    zoo = _replace(get_model("gpt2"), config=gpt, default_seq=seq, max_seq=seq)
-    if auto:
-        import psutil
+             "seed": seed, "checkpoint_every": checkpoint_every, "eval_every": eval_every, "log_every": log_every,
+             "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing or None}
+    options = TrainOptions(task=task, model=model, data=data, seq=seq, image_size=image_size, device=device,
+                           auto=auto, fused=fused, workers=workers, checkpoint_dir=checkpoint_dir, resume=resume,
+                           config={k: v for k, v in given.items() if v is not None})
+    from gpuwise.files import open_log
 
-        from gpuwise.training.auto import choose
-
-        free = torch.cuda.mem_get_info(torch.device(name))[0] if cuda else psutil.virtual_memory().available
-        choice = choose(ZooSource(zoo=zoo), precision=precision, seq=seq,
-                        per_rank=config.batch // ranks.world_size, free_bytes=free,
-                        device_type=name.split(":")[0], bf16=cuda and torch.cuda.is_bf16_supported())
-        config = _replace(config, precision=choice.precision, micro_batch=micro_batch or choice.micro_batch)
-        if not json_out and ranks.main:
-            print(f"auto: {choice.reason}" + (f" (--micro-batch {micro_batch} as asked)" if micro_batch else ""))
-    elif precision is None:
-        config = _replace(config, precision="bf16-mixed" if cuda and torch.cuda.is_bf16_supported() else "fp32")
-    precision = config.precision
-    torch.manual_seed(config.seed)
-    with torch.device(name):
-        model = GPT(gpt)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                  betas=(0.9, 0.95))
-    flops = simulate(ZooSource(zoo=zoo), Setup(batch=config.micro_batch or config.batch, seq=seq,
-                                               precision=precision, grad_accum=config.grad_accum),
-                     batch_model=False).flops_per_step
-    peak = None
-    if name.startswith("cuda"):
-        from gpuwise.hardware.catalog import load_catalog
-
-        props = torch.cuda.get_device_properties(torch.device(name))
-        match = load_catalog().match_device(props.name, props.total_memory)
-        peak = match.peak_tflops.get({"bf16-mixed": "bf16", "fp16-mixed": "fp16"}.get(precision, precision)) \
-            if match else None
-    sink = open(log, "a") if log else None  # noqa: SIM115 - a stream, flushed line by line
-    console = Console(stderr=True)
-    progress_bar = None
-    if sys.stderr.isatty() and not json_out:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        progress_bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                                TextColumn("{task.description}"), TimeRemainingColumn(), console=console)
-        task = progress_bar.add_task("", total=config.steps)
-        progress_bar.start()
+    sink = open_log(log) if log else None
+    console = Console(stderr=True, highlight=False)
+    progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out)
 
     def on_log(entry) -> None:
         if sink:
             sink.write(_json.dumps(render.to_jsonable(entry)) + "\n")
             sink.flush()
-        if progress_bar is not None:
-            progress_bar.update(task, completed=entry.step,
-                                description=f"loss {entry.loss:.3f} · {entry.tokens_per_s:,.0f} tok/s")
-        elif not json_out:
-            console.print(f"step {entry.step:>6}  loss {entry.loss:.4f}  lr {entry.lr:.2e}  "
-                          f"{entry.tokens_per_s:,.0f} tok/s" + (f"  MFU {100 * entry.mfu:.1f}%" if entry.mfu else ""))
+        if not json_out:
+            progress.log(entry)
 
-    start(ranks, torch.device(name))
+    def on_event(text: str) -> None:
+        if not json_out:
+            progress.note(text)
+
     try:
-        trainer = Trainer(model, optimizer, data, config, device=name, flops_per_step=flops, peak_tflops=peak,
-                          checkpoint_dir=checkpoint_dir, on_log=on_log, ranks=ranks)
-        result = trainer.fit(resume=resume)
+        summary = run_training(options, on_log=on_log, on_event=on_event)
     finally:
-        stop(ranks)
-        if progress_bar is not None:
-            progress_bar.stop()
+        progress.stop()
         if sink:
             sink.close()
-    summary = {"steps": result.steps, "final_loss": result.final_loss, "seconds": result.seconds,
-               "resumed_from": result.resumed_from, "skipped_steps": result.skipped_steps, "device": name,
-               "precision": precision, "params": sum(p.numel() for p in model.parameters()),
-               "checkpoint_dir": checkpoint_dir}
-    if not ranks.main:
+    if not Ranks.from_environ(os.environ).main:  # under torchrun, one process reports
         return
     if json_out:
         render.print_json(summary)
     else:
-        print(f"trained {summary['params']:,} parameters for {result.steps} steps on {name} ({precision}) in "
-              f"{result.seconds:.1f} s: loss {result.final_loss:.4f}"
-              + (f", resumed from step {result.resumed_from}" if result.resumed_from else "")
-              + (f"; checkpoints in {checkpoint_dir}" if checkpoint_dir else ""))
+        render.render_train(summary, _console())
 
 
 def _csv(value: str | None, allowed: tuple[str, ...], flag: str) -> tuple[str, ...] | None:

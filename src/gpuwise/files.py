@@ -39,3 +39,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def open_log(path: str | os.PathLike):
+    """A JSON-lines log opened for appending (one line per log step, flushed as it goes)."""
+    target = Path(path)
+    if target.is_dir():
+        raise GpuwiseError(f"cannot write the log {target}: it is a folder",
+                           f"pass a file, e.g. {target / 'run.jsonl'}")
+    try:
+        return target.open("a")
+    except OSError as exc:
+        raise GpuwiseError(f"cannot write the log {target}: {exc.strerror}", "pick a path you can write to") from exc

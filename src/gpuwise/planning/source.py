@@ -152,33 +152,38 @@ class FileSource:
         return fn
 
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
-        fn = self.load()
-        try:
-            result = fn(batch)
-        except GpuwiseError:
-            raise
-        except Exception as exc:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            if "Couldn't swap" in text or "not linked with support for cuda" in text.lower():
-                raise GpuwiseError(f"{self.name}({batch}) moves or converts the model ({text})",
-                                   "build it on the CPU in its default dtype, with no .to()/.cuda()/.half(): "
-                                   "--precision chooses the dtype and the plan is for the GPU") from exc
-            raise GpuwiseError(f"{self.name}({batch}) raised {type(exc).__name__}: {text}",
-                               "fix the function; it runs on fake tensors, so it must not read tensor values") from exc
-        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
-            raise GpuwiseError(f"{self.name}({batch}) must return (model, inputs)",
-                               "return an nn.Module and a tensor or a tuple of tensors")
-        model, inputs = result
-        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-        if not all(isinstance(t, torch.Tensor) for t in inputs):
-            raise GpuwiseError(f"{self.name}({batch}) returned inputs that are not tensors",
-                               "return a tensor or a tuple of tensors as inputs")
+        return build_function(self.name, self.load(), setup, batch)
 
-        def run(model, inputs, targets, kv_cache):
-            out = model(*inputs)
-            return _scalar_loss(out) if setup.training else out
 
-        return Built(model=model, inputs=inputs, targets=None, run=run)
+def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int) -> Built:
+    """The step of a model built by ``fn(batch) -> (model, inputs)``; the loss is the output if it is a
+    scalar, else the mean square of the output."""
+    try:
+        result = fn(batch)
+    except GpuwiseError:
+        raise
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if "Couldn't swap" in text or "not linked with support for cuda" in text.lower():
+            raise GpuwiseError(f"{name}({batch}) moves or converts the model ({text})",
+                               "build it on the CPU in its default dtype, with no .to()/.cuda()/.half(): "
+                               "--precision chooses the dtype and the plan is for the GPU") from exc
+        raise GpuwiseError(f"{name}({batch}) raised {type(exc).__name__}: {text}",
+                           "fix the function; it runs on fake tensors, so it must not read tensor values") from exc
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
+        raise GpuwiseError(f"{name}({batch}) must return (model, inputs)",
+                           "return an nn.Module and a tensor or a tuple of tensors")
+    model, inputs = result
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    if not all(isinstance(t, torch.Tensor) for t in inputs):
+        raise GpuwiseError(f"{name}({batch}) returned inputs that are not tensors",
+                           "return a tensor or a tuple of tensors as inputs")
+
+    def run(model, inputs, targets, kv_cache):
+        out = model(*inputs)
+        return _scalar_loss(out) if setup.training else out
+
+    return Built(model=model, inputs=inputs, targets=None, run=run)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,14 +25,15 @@ def choose_precision(device_type: str, bf16: bool) -> tuple[str, str]:
     return "fp32", f"{device_type} training runs in fp32"
 
 
-def choose(source, *, precision: str | None, seq: int, per_rank: int, free_bytes: int, device_type: str,
-           bf16: bool) -> Choice:
+def choose(source, *, precision: str | None, seq: int | None, per_rank: int, free_bytes: int, device_type: str,
+           bf16: bool, checkpointing: bool = False) -> Choice:
     """Precision for the device (unless given), then the largest micro-batch that divides this process's share
     of the batch and fits ``free_bytes`` less the CUDA overhead and 10% headroom (the allocator's fragmentation)."""
     precision, why = choose_precision(device_type, bf16) if precision is None else (precision, "as asked")
     overhead = OVERHEAD_BYTES if device_type == "cuda" else 0
     capacity = free_bytes * (1 - TIGHT_FRACTION) - overhead
-    w = simulate(source, Setup(batch=1, seq=seq, precision=precision, grad_accum=2 if per_rank > 1 else 1))
+    w = simulate(source, Setup(batch=1, seq=seq, precision=precision, grad_accum=2 if per_rank > 1 else 1,
+                               checkpointing="full" if checkpointing else "none"))
     fits = w.batch_model.max_batch(capacity, per_rank) if w.batch_model is not None else per_rank
     micro = next((m for m in range(min(fits, per_rank), 0, -1) if per_rank % m == 0), 0)
     if micro == 0:
@@ -41,5 +42,6 @@ def choose(source, *, precision: str | None, seq: int, per_rank: int, free_bytes
             "expect an OOM (gpuwise plan shows the remedies)"))
     return Choice(precision=precision, micro_batch=micro, grad_accum=per_rank // micro, reason=(
         f"{precision} ({why}); micro-batch {micro} x {per_rank // micro} accumulation: the plan fits "
-        f"{min(fits, per_rank)} sequences in {human_bytes(free_bytes)} free with 10% headroom"))
+        f"{min(fits, per_rank)} {'sequences' if seq else 'samples'} in {human_bytes(free_bytes)} free with 10% "
+        "headroom"))
 

@@ -89,22 +89,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.Tensor], state: dict[str, Any],
-         fingerprint: str, keep: int = 3) -> Checkpoint:
-    """Write checkpoint ``step`` into ``folder`` atomically, then keep only the newest ``keep``."""
+         fingerprint: str, keep: int = 3, identity: dict[str, Any] | None = None) -> Checkpoint:
+    """Write checkpoint ``step`` into ``folder`` atomically, then keep only the newest ``keep``. ``identity``
+    (what the fingerprint hashes) is kept in the manifest so a mismatch can be named."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"{PREFIX}{step:09d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:09d}.", dir=folder))
     try:
         tensors, aliases = _split_shared(model_state)
         save_file(tensors, str(tmp / "model.safetensors"))
         torch.save(state, tmp / "state.pt")
-        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
-                 for name in ("model.safetensors", "state.pt")}
-        manifest = {"step": step, "fingerprint": fingerprint, "aliases": aliases, "files": files}
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit(folder, step, tmp, fingerprint=fingerprint, keep=keep,
+                  extra={"aliases": aliases, "identity": identity})
+
+
+def commit(folder: Path, step: int, tmp: Path, *, fingerprint: str, keep: int, extra: dict[str, Any]) -> Checkpoint:
+    """Seal the files written into the hidden folder ``tmp``: a manifest of every file (size, SHA-256), fsync,
+    rename into place, fsync the parent; then prune to the newest ``keep`` and clear what killed runs left."""
+    final = folder / f"{PREFIX}{step:09d}"
+    try:
+        names = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        files = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in names}
+        manifest = {"step": step, "fingerprint": fingerprint, **extra, "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         for name in (*files, MANIFEST):
             _fsync(tmp / name)
+        for sub in {(tmp / name).parent for name in files}:
+            _fsync(sub)
         if final.exists():  # a checkpoint of this step from an earlier run: replace it
             trash = folder / f".trash-{final.name}"
             os.replace(final, trash)
@@ -119,8 +133,7 @@ def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.T
         os.replace(old, trash)  # out of sight first: a kill during the delete leaves no half checkpoint
         shutil.rmtree(trash, ignore_errors=True)
     for leftover in (*folder.glob(f".{PREFIX}*"), *folder.glob(".trash-*")):  # left by processes killed earlier
-        if leftover != tmp:
-            shutil.rmtree(leftover, ignore_errors=True)
+        shutil.rmtree(leftover, ignore_errors=True)
     return Checkpoint(path=final, step=step, fingerprint=fingerprint)
 
 
@@ -151,18 +164,57 @@ def latest(folder: str | os.PathLike) -> tuple[Checkpoint | None, list[str]]:
     return None, skipped
 
 
+def fingerprint_of(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def check_identity(ckpt: Checkpoint, identity: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model or run, naming the first difference."""
+    if ckpt.fingerprint == fingerprint_of(identity):
+        return
+    saved = json.loads((ckpt.path / MANIFEST).read_text()).get("identity") or {}
+    hint = "point --checkpoint-dir at this run's folder, or start afresh without --resume"
+    mine, theirs = identity.get("model", {}), saved.get("model", {})
+    for name in mine:
+        if name not in theirs:
+            raise GpuwiseError(f"{ckpt.path.name} is from another model: it has no parameter {name!r}", hint)
+        if theirs[name] != mine[name]:
+            raise GpuwiseError(f"{ckpt.path.name} is from another model: {name} is {theirs[name]} there, "
+                               f"{mine[name]} here", hint)
+    extra = [n for n in theirs if n not in mine]
+    if extra:
+        raise GpuwiseError(f"{ckpt.path.name} is from another model: it has parameter {extra[0]!r} that this "
+                           "model lacks", hint)
+    for key in sorted(set(identity) | set(saved)):
+        if key != "model" and identity.get(key) != saved.get(key):
+            raise GpuwiseError(f"{ckpt.path.name} was written with {key} {saved.get(key)}, this run has "
+                               f"{identity.get(key)}", f"resume with the same --{key.replace('_', '-')}, or {hint}")
+    raise GpuwiseError(f"{ckpt.path.name} was written by another model or config", hint)
+
+
 def load(ckpt: Checkpoint, *, fingerprint: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Weights and state of a verified checkpoint; refuses another run's checkpoint and pickled code."""
     if fingerprint is not None and ckpt.fingerprint != fingerprint:
         raise GpuwiseError(f"{ckpt.path} was written by another model or config ({ckpt.fingerprint[:12]} here "
                            f"{fingerprint[:12]})", "point --checkpoint-dir at this run's folder, or start afresh")
     manifest = json.loads((ckpt.path / MANIFEST).read_text())
+    if manifest.get("format") == "dcp":
+        raise GpuwiseError(f"{ckpt.path} holds sharded weights (written under --sharding fsdp)",
+                           "resume it with torchrun and --sharding fsdp")
     weights = load_file(str(ckpt.path / "model.safetensors"))
     for alias, name in manifest.get("aliases", {}).items():
         weights[alias] = weights[name]
+    return weights, load_state(ckpt)
+
+
+def load_state(ckpt: Checkpoint) -> dict[str, Any]:
+    """``state.pt`` with ``weights_only``: plain data only, a pickle with code in it is refused."""
     try:
-        state = torch.load(ckpt.path / "state.pt", weights_only=True, map_location="cpu")
+        return torch.load(ckpt.path / "state.pt", weights_only=True, map_location="cpu")
     except Exception as exc:  # the restricted unpickler met something that is not plain data
         raise GpuwiseError(f"{ckpt.path}/state.pt is refused: it is not plain data ({type(exc).__name__})",
                            "gpuwise loads only checkpoints without pickled code; write a new one") from None
-    return weights, state
+
+
+def is_sharded(ckpt: Checkpoint) -> bool:
+    return json.loads((ckpt.path / MANIFEST).read_text()).get("format") == "dcp"

@@ -1,22 +1,46 @@
-"""Batches a step can ask for by number, so a resumed run reads exactly what an uninterrupted one would."""
+"""Batches a step can ask for by number, so a resumed run reads exactly what an uninterrupted one would.
+
+Two kinds of source feed the Trainer:
+
+- *numbered* sources (``batch(number, size)`` returns the step's whole global batch as a function of the
+  seed and the number): the character text, synthetic images, a model's own example inputs;
+- a user's ``torch.utils.data.Dataset``, read by a ``DataLoader`` (pinned memory on GPUs, worker processes)
+  through :class:`StepSampler`, which draws each step's global batch from a seeded permutation per epoch
+  and hands each process its slice of it (the distributed sampler: together the processes read exactly
+  the batch one process would).
+
+Either way :func:`stream` yields, from a given step on, this process's share of each step's batch.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
+
+from gpuwise.errors import GpuwiseError
+
+
+class Numbered(Protocol):
+    def batch(self, number: int, size: int) -> tuple[Any, Any]: ...
 
 
 @dataclass(frozen=True)
 class CharText:
     """Character-level language modelling on the English text every Python ships (``pydoc_data.topics``,
-    about 460 KB): no download. Batch ``k`` is a function of (seed, k) only."""
+    about 460 KB): no download. The first 90% is for training, the rest (``split="val"``) for evaluation.
+    Batch ``k`` is a function of (seed, k) only."""
 
     seq: int
     seed: int = 1337
+    split: str = "train"
     text: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
+        if self.split not in ("train", "val"):
+            raise ValueError(f"split {self.split!r} is not train or val")
         if not self.text:
             from pydoc_data.topics import topics
 
@@ -24,7 +48,9 @@ class CharText:
         chars = sorted(set(self.text))
         object.__setattr__(self, "vocab", chars)
         index = {c: i for i, c in enumerate(chars)}
-        object.__setattr__(self, "ids", torch.tensor([index[c] for c in self.text], dtype=torch.long))
+        cut = int(len(self.text) * 0.9)
+        part = self.text[:cut] if self.split == "train" else self.text[cut:]
+        object.__setattr__(self, "ids", torch.tensor([index[c] for c in part], dtype=torch.long))
         if len(self.ids) <= self.seq + 1:
             raise ValueError(f"the text has {len(self.ids)} characters, too few for sequences of {self.seq}")
 
@@ -34,8 +60,153 @@ class CharText:
 
     def batch(self, number: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-character targets, (size, seq) each, for batch ``number``."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + number)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + number + (0 if self.split == "train" else 1 << 40))
         starts = torch.randint(len(self.ids) - self.seq - 1, (size,), generator=g)
         rows = starts[:, None] + torch.arange(self.seq + 1)
         window = self.ids[rows]
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+@dataclass(frozen=True)
+class SyntheticImages:
+    """Images to classify with nothing to download: each class is a fixed random pattern (from the seed),
+    each image its class's pattern plus Gaussian noise of ``noise`` times the pattern's spread. Learnable,
+    but not from one pixel. ``split="val"`` draws other images of the same classes."""
+
+    classes: int = 10
+    size: int = 32
+    channels: int = 3
+    noise: float = 1.5
+    seed: int = 1337
+    split: str = "train"
+
+    def batch(self, number: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        patterns = torch.randn(self.classes, self.channels, self.size, self.size,
+                               generator=torch.Generator().manual_seed(self.seed))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + number + (0 if self.split == "train" else 1 << 40))
+        labels = torch.randint(self.classes, (size,), generator=g)
+        images = patterns[labels] + self.noise * torch.randn(size, self.channels, self.size, self.size, generator=g)
+        return images, labels
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The same inputs every step: a model function's example batch, when no ``--data`` is given."""
+
+    inputs: tuple[torch.Tensor, ...]
+
+    def batch(self, number: int, size: int) -> tuple[tuple[torch.Tensor, ...], None]:
+        rows = self.inputs[0].shape[0]
+        if size != rows:
+            raise GpuwiseError(f"the model function's example inputs hold {rows} rows, the batch is {size}",
+                               "pass --data file.py:function for real data, or --batch equal to the example batch")
+        return self.inputs, None
+
+
+class StepSampler(torch.utils.data.Sampler):
+    """Index lists, one per step from ``start``: step k's global batch is positions [k*B, (k+1)*B) of the
+    concatenated per-epoch permutations (seeded by seed and epoch); this process takes its contiguous slice."""
+
+    def __init__(self, length: int, batch: int, *, seed: int, start: int, steps: int, rank: int = 0,
+                 world_size: int = 1) -> None:
+        if length < 1:
+            raise GpuwiseError("the dataset is empty", "return a Dataset with at least one item")
+        self.length, self.batch, self.seed, self.start, self.steps = length, batch, seed, start, steps
+        self.rank, self.world_size = rank, world_size
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.length, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+
+    def global_batch(self, step: int) -> list[int]:
+        first, out = step * self.batch, []
+        while len(out) < self.batch:
+            epoch, offset = divmod(first + len(out), self.length)
+            order = self._order(epoch)
+            out.extend(order[offset:offset + self.batch - len(out)].tolist())
+        return out
+
+    def __iter__(self) -> Iterator[list[int]]:
+        share = self.batch // self.world_size
+        for step in range(self.start, self.steps):
+            yield self.global_batch(step)[self.rank * share:(self.rank + 1) * share]
+
+    def __len__(self) -> int:
+        return max(self.steps - self.start, 0)
+
+
+def _split_item(batch: Any) -> tuple[Any, Any]:
+    """A collated Dataset batch: ``(inputs, target)`` pairs, or inputs alone (the model returns the loss)."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        return batch[0], None
+    if isinstance(batch, torch.Tensor):
+        return batch, None
+    raise GpuwiseError(f"the dataset's items collate to {type(batch).__name__} of {len(batch)}",
+                       "return (input, target) pairs or single tensors from __getitem__")
+
+
+@dataclass
+class DatasetBatches:
+    """A user's map-style Dataset, read through a DataLoader with :class:`StepSampler`."""
+
+    dataset: torch.utils.data.Dataset
+    seed: int = 1337
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        if not hasattr(self.dataset, "__len__") or not hasattr(self.dataset, "__getitem__"):
+            raise GpuwiseError(f"--data returned {type(self.dataset).__name__}, not a map-style Dataset",
+                               "return a torch.utils.data.Dataset with __len__ and __getitem__")
+
+    def stream(self, start: int, steps: int, batch: int, rank: int, world_size: int, pin: bool) -> Iterator:
+        sampler = StepSampler(len(self.dataset), batch, seed=self.seed, start=start, steps=steps, rank=rank,
+                              world_size=world_size)
+        loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=sampler, num_workers=self.workers,
+                                             pin_memory=pin, persistent_workers=False)
+        for collated in loader:
+            yield _split_item(collated)
+
+
+def rows(x: Any, sl: slice) -> Any:
+    """Rows ``sl`` of a tensor, or of each tensor in a tuple (the batch is dimension 0)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x[sl]
+    return tuple(rows(t, sl) for t in x)
+
+
+def to_device(x: Any, device: torch.device) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)  # overlaps the copy with compute when the source is pinned
+    return tuple(to_device(t, device) for t in x)
+
+
+def pinned(x: Any) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.pin_memory()
+    return tuple(pinned(t) for t in x)
+
+
+def batch_rows(x: Any) -> int:
+    return x.shape[0] if isinstance(x, torch.Tensor) else batch_rows(x[0])
+
+
+def stream(data: Any, start: int, steps: int, batch: int, rank: int = 0, world_size: int = 1,
+           pin: bool = False) -> Iterator[tuple[Any, Any]]:
+    """This process's share of each step's global batch, from step ``start`` to ``steps``."""
+    if hasattr(data, "stream"):
+        yield from data.stream(start, steps, batch, rank, world_size, pin)
+        return
+    share = batch // world_size
+    for step in range(start, steps):
+        x, y = data.batch(step, batch)
+        sl = slice(rank * share, (rank + 1) * share)
+        x, y = rows(x, sl), rows(y, sl)
+        yield (pinned(x), pinned(y)) if pin else (x, y)
+

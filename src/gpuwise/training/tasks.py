@@ -1,0 +1,153 @@
+"""What ``gpuwise train`` trains: the character GPT on Python's own text, a small CNN on synthetic images, or
+the user's model (``--model file.py:function``) on the user's data (``--data file.py:function``).
+
+A task bundles the model factory, the training and held-out data, the loss, and the planner's view of the
+same step (a source), so ``--auto`` and the MFU figure describe exactly what is trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.training.data import CharText, DatasetBatches, Fixed, SyntheticImages
+from gpuwise.training.trainer import LossFn, default_loss, model_loss
+
+
+class SmallCNN(nn.Module):
+    """Three conv stages (32, 64, 128 channels; the last two stride 2), global average pool, a linear head.
+    GroupNorm rather than BatchNorm: a sample's output does not depend on the others in its micro-batch,
+    so accumulation and data parallelism give the same step as one big batch."""
+
+    def __init__(self, classes: int = 10, channels: int = 3, width: int = 32) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c_in = channels
+        for i, c_out in enumerate((width, 2 * width, 4 * width)):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=1 if i == 0 else 2, padding=1, bias=False),
+                       nn.GroupNorm(8, c_out), nn.ReLU(inplace=True)]
+            c_in = c_out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(c_in, classes)
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.head(self.features(images).mean(dim=(2, 3)))
+        return logits if targets is None else F.cross_entropy(logits.float(), targets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FunctionSource:
+    """The planner's view of a model built by a Python function ``fn(batch) -> (model, inputs)``."""
+
+    name: str
+    fn: Callable[[int], Any]
+    n_layer = None
+
+    def check(self, setup) -> None:
+        pass
+
+    def tokens(self, setup) -> int:
+        return 1
+
+    def build(self, setup, batch: int, n_layer: int | None):
+        from gpuwise.planning.source import build_function
+
+        return build_function(self.name, self.fn, setup, batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    name: str
+    build: Callable[[], nn.Module]  # the model, on the current default device
+    data: Any
+    eval_data: Any
+    loss_fn: LossFn
+    source: Any  # what the planner captures: the same model and step
+    unit: str  # "tokens" or "samples"
+    seq: int | None = None
+
+
+def text_task(seq: int, seed: int) -> Task:
+    from gpuwise.models import get_model
+    from gpuwise.models.gpt import GPT, GPTConfig
+    from gpuwise.planning.source import ZooSource
+
+    if not 8 <= seq <= 1024:
+        raise GpuwiseError(f"--seq {seq} is outside 8..1024 characters", "pass e.g. --seq 128")
+    data = CharText(seq=seq, seed=seed)
+    gpt = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=data.vocab_size, block_size=seq)
+    zoo = replace(get_model("gpt2"), config=gpt, default_seq=seq, max_seq=seq)
+    return Task(name="char-gpt", build=lambda: GPT(gpt), data=data, eval_data=CharText(seq=seq, seed=seed,
+                split="val", text=data.text), loss_fn=model_loss, source=ZooSource(zoo=zoo), unit="tokens", seq=seq)
+
+
+def image_task(image_size: int, seed: int) -> Task:
+    if not 8 <= image_size <= 512:
+        raise GpuwiseError(f"--image-size {image_size} is outside 8..512", "pass e.g. --image-size 32")
+    data = SyntheticImages(size=image_size, seed=seed)
+
+    def example(batch: int):
+        images = torch.randn(batch, data.channels, image_size, image_size)
+        return SmallCNN(data.classes, data.channels), (images, torch.randint(data.classes, (batch,)))
+
+    return Task(name="small-cnn", build=lambda: SmallCNN(data.classes, data.channels), data=data,
+                eval_data=replace(data, split="val"), loss_fn=model_loss,
+                source=FunctionSource(name="small-cnn", fn=example), unit="samples")
+
+
+def _function(spec: str, flag: str) -> tuple[Path, str]:
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise GpuwiseError(f"{flag} {spec!r} is not file.py:function", f"pass {flag} path/to/file.py:function")
+    return Path(path), name
+
+
+def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, workers: int) -> Task:
+    """``function(batch_size)`` returns ``(model, inputs)`` as for ``gpuwise plan``; ``--data``'s function
+    returns a Dataset of ``(input, target)`` items (or ``(train, val)`` Datasets)."""
+    from gpuwise.planning.source import FileSource
+
+    path, name = _function(model_spec, "--model")
+    source = FileSource(path=path, function=name)
+    fn = source.load()
+
+    def build_real(rows: int):
+        try:
+            result = fn(rows)
+        except Exception as exc:
+            raise GpuwiseError(f"{source.name}({rows}) raised {type(exc).__name__}: {exc}",
+                               "fix the function; run the file with python to see the traceback") from exc
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
+            raise GpuwiseError(f"{source.name}({rows}) must return (model, inputs)",
+                               "return an nn.Module and a tensor or a tuple of tensors")
+        model, inputs = result
+        return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+
+    if data_spec is None:
+        _, inputs = build_real(batch)
+        data, eval_data = Fixed(inputs), None
+    else:
+        data_path, data_name = _function(data_spec, "--data")
+        data_fn = FileSource(path=data_path, function=data_name).load()
+        try:
+            made = data_fn()
+        except Exception as exc:
+            raise GpuwiseError(f"{data_path.name}:{data_name}() raised {type(exc).__name__}: {exc}",
+                               "fix the function; it takes no arguments and returns a Dataset") from exc
+        train, val = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+        data = DatasetBatches(train, seed=seed, workers=workers)
+        eval_data = DatasetBatches(val, seed=seed, workers=workers) if val is not None else None
+
+    def build() -> nn.Module:
+        model, _ = build_real(1)
+        return model.to(torch.get_default_device())
+
+    return Task(name=source.name, build=build, data=data, eval_data=eval_data, loss_fn=default_loss,
+                source=source, unit="samples")
