@@ -12,7 +12,7 @@ from gpuwise.errors import GpuwiseError
 from gpuwise.models.gpt import GPT, GPTConfig
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
-from gpuwise.training.trainer import Trainer, cosine_with_warmup
+from gpuwise.training.trainer import Trainer, cosine_with_warmup, model_loss
 
 DATA = CharText(seq=32)
 
@@ -21,6 +21,7 @@ def _trainer(config: TrainConfig, **kwargs) -> Trainer:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32))
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    kwargs.setdefault("loss_fn", model_loss)
     return Trainer(model, opt, DATA, config, **kwargs)
 
 
@@ -119,3 +120,146 @@ def test_auto_picks_the_largest_micro_batch_the_plan_fits():
     assert "micro-batch 4 x 4 accumulation" in choice.reason
     gpu = choose(src, precision=None, seq=32, per_rank=16, free_bytes=80 * 2**30, device_type="cuda", bf16=True)
     assert gpu.precision == "bf16-mixed" and gpu.micro_batch == 16
+
+
+def test_fp16_scaler_skips_inf_gradients_counts_them_and_its_scale_survives_a_resume(tmp_path):
+    """One GradScaler for the run: an inf gradient at step 2 skips that update and halves the scale; the
+    halved scale is in the checkpoint and a resumed run starts from it, not from a fresh 65536."""
+    trainer = _trainer(TrainConfig(steps=4, batch=4, precision="fp16-mixed", log_every=1), checkpoint_dir=tmp_path)
+    calls = {"n": 0}
+
+    def poison(grad):
+        calls["n"] += 1
+        return grad * float("inf") if calls["n"] == 2 else grad
+
+    trainer.module.lm_head.weight.register_hook(poison)
+    before = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+    result = trainer.fit()
+    assert result.skipped_steps == 1 and [log.skipped for log in result.logs] == [False, True, False, False]
+    assert trainer.scaler.get_scale() == 65536.0 / 2
+    assert any(not torch.equal(before[n], p) for n, p in trainer.module.named_parameters())
+    resumed = _trainer(TrainConfig(steps=5, batch=4, precision="fp16-mixed"), checkpoint_dir=tmp_path)
+    resumed.fit(resume=True)
+    assert resumed.scaler.get_scale() == 65536.0 / 2
+
+
+def _oom_when_larger_than(limit: int):
+    from gpuwise.training.trainer import OutOfMemory, model_loss
+
+    def loss_fn(model, x, y):
+        if x.shape[0] > limit:
+            raise OutOfMemory(f"CUDA out of memory. Tried to allocate {x.shape[0]} rows")
+        return model_loss(model, x, y)
+
+    return loss_fn
+
+
+def test_an_oom_is_explained_and_retried_once_at_half_the_micro_batch():
+    events: list[str] = []
+    retried = _trainer(TrainConfig(steps=4, batch=8, micro_batch=4, log_every=1), loss_fn=_oom_when_larger_than(2),
+                       predicted_peak=lambda m: 1000.0 * m, on_event=events.append).fit()
+    small = _trainer(TrainConfig(steps=4, batch=8, micro_batch=2, log_every=1)).fit()
+    assert [log.loss for log in retried.logs] == pytest.approx([log.loss for log in small.logs], rel=1e-6)
+    assert (retried.micro_batch, retried.grad_accum) == (2, 4)
+    assert len(events) == 1 and "out of memory at micro-batch 4" in events[0]
+    assert "the plan predicted a peak of 3.9 KiB" in events[0] and "retrying step 1 with micro-batch 2 x 4" in events[0]
+    assert retried.events == tuple(events)
+
+
+def test_a_second_oom_stops_with_the_explanation():
+    trainer = _trainer(TrainConfig(steps=4, batch=8, micro_batch=8), loss_fn=_oom_when_larger_than(1))
+    with pytest.raises(GpuwiseError, match=r"out of memory at micro-batch 4.*after one retry"):
+        trainer.fit()
+
+
+def test_held_out_loss_is_the_mean_over_the_validation_batches():
+    val = CharText(seq=32, split="val", text=DATA.text)
+    config = TrainConfig(steps=4, batch=8, eval_every=2, eval_batches=3, log_every=100)
+    trainer = _trainer(config, eval_data=val)
+    result = trainer.fit()
+    assert [log.step for log in result.logs] == [2, 4] and result.eval_loss == result.logs[-1].eval_loss
+    trainer.module.eval()
+    with torch.no_grad():
+        expected = sum(float(trainer.module(*val.batch(k, 8))) for k in range(3)) / 3
+    assert result.eval_loss == pytest.approx(expected, rel=1e-6)
+    assert not torch.equal(val.batch(0, 8)[0], DATA.batch(0, 8)[0])
+
+
+def test_activation_checkpointing_and_fused_adamw_take_the_same_steps():
+    plain = _trainer(TrainConfig(steps=4, batch=8, log_every=1)).fit()
+    recomputed = _trainer(TrainConfig(steps=4, batch=8, log_every=1, checkpointing=True)).fit()
+    assert [log.loss for log in recomputed.logs] == pytest.approx([log.loss for log in plain.logs], rel=1e-6)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32))
+    fused = Trainer(model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, fused=True), DATA,
+                    TrainConfig(steps=4, batch=8, log_every=1), loss_fn=model_loss).fit()
+    assert [log.loss for log in fused.logs] == pytest.approx([log.loss for log in plain.logs], rel=1e-5)
+
+
+def test_compiled_model_takes_the_same_steps():
+    config = TrainConfig(steps=3, batch=4, log_every=1)
+    eager = _trainer(config).fit()
+    compiled = _trainer(TrainConfig(steps=3, batch=4, log_every=1, compile=True)).fit()
+    assert [log.loss for log in compiled.logs] == pytest.approx([log.loss for log in eager.logs], rel=1e-5)
+
+
+def test_data_that_does_not_fit_the_model_is_one_clear_error():
+    from gpuwise.training.data import DatasetBatches
+    from gpuwise.training.trainer import default_loss
+
+    model = torch.nn.Linear(8, 3)
+    items = [(torch.randn(5), torch.tensor(1)) for _ in range(16)]  # 5 features for a model that takes 8
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), DatasetBatches(items),
+                      TrainConfig(steps=2, batch=4), loss_fn=default_loss)
+    with pytest.raises(GpuwiseError, match="the data does not fit the model: RuntimeError: mat1 and mat2"):
+        trainer.fit()
+
+
+def test_step_sampler_splits_each_global_batch_and_covers_every_epoch():
+    from gpuwise.training.data import StepSampler
+
+    whole = list(StepSampler(10, 4, seed=3, start=0, steps=10))
+    assert all(len(b) == 4 for b in whole)
+    flat = [i for b in whole for i in b]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))  # epochs
+    ranks = [list(StepSampler(10, 4, seed=3, start=0, steps=10, rank=r, world_size=2)) for r in (0, 1)]
+    assert [a + b for a, b in zip(*ranks, strict=True)] == whole
+    assert list(StepSampler(10, 4, seed=3, start=6, steps=10)) == whole[6:]  # a resumed run reads the same
+
+
+def test_default_loss_follows_the_targets():
+    from gpuwise.training.trainer import default_loss
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    labels, values = torch.tensor([0, 2, 1, 1, 0]), torch.randn(5, 3)
+    with torch.no_grad():
+        check_default_loss(model, x, labels, values)
+
+
+def check_default_loss(model, x, labels, values):
+    from gpuwise.training.trainer import default_loss
+
+    assert default_loss(model, x, labels) == pytest.approx(float(torch.nn.functional.cross_entropy(model(x),
+                                                                                                   labels)))
+    assert default_loss(model, x, values) == pytest.approx(float(((model(x) - values) ** 2).mean()))
+    assert default_loss(model, x, None) == pytest.approx(float(model(x).square().mean()))
+
+
+def test_image_task_learns_and_accumulation_equals_one_batch():
+    from gpuwise.training.tasks import image_task
+
+    task = image_task(16, seed=0)
+
+    def fit(micro):
+        torch.manual_seed(0)
+        model = task.build()
+        return Trainer(model, torch.optim.AdamW(model.parameters(), lr=3e-3), task.data,
+                       TrainConfig(steps=40, batch=16, micro_batch=micro, log_every=1, warmup_steps=5),
+                       loss_fn=task.loss_fn).fit()
+
+    whole, parts = fit(None), fit(4)
+    assert [log.loss for log in parts.logs] == pytest.approx([log.loss for log in whole.logs], rel=1e-4)
+    assert whole.logs[0].loss == pytest.approx(math.log(10), abs=0.3)
+    assert sum(log.loss for log in whole.logs[-5:]) / 5 < math.log(10) - 0.3

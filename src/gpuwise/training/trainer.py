@@ -191,7 +191,11 @@ class Trainer:
         fully_shard(model, mesh=mesh, mp_policy=mp)
         if config.compile:
             model.compile()
-        return model, type(optimizer)(model.parameters(), **optimizer.defaults)
+        import inspect
+
+        takes = inspect.signature(type(optimizer)).parameters  # defaults may hold more than the constructor takes
+        return model, type(optimizer)(model.parameters(), **{k: v for k, v in optimizer.defaults.items()
+                                                            if k in takes})
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -324,11 +328,33 @@ class Trainer:
             parts.append(f"the plan predicted a peak of {human_bytes(self.predicted_peak(micro))}")
         return "; ".join(parts)
 
-    def _clear_after_oom(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+    def _after_oom(self, exc: BaseException, retried: bool, per_rank: int) -> None:
+        """Explain the OOM; the first time, free what the failed step held and halve the micro-batch."""
+        why = self._explain_oom(exc, self.micro_batch)
+        smaller = next((m for m in range(self.micro_batch // 2, 0, -1) if per_rank % m == 0), 0)
+        if retried or smaller == 0 or self.ranks.world_size > 1:
+            hint = ("under torchrun the processes cannot retry alone: lower --micro-batch"
+                    if self.ranks.world_size > 1 and not retried else
+                    "gpuwise plan shows what fits; lower --micro-batch or add --checkpointing")
+            raise GpuwiseError(why + (" (after one retry at half the micro-batch)" if retried else ""),
+                               hint) from exc
+        self.optimizer.zero_grad(set_to_none=True)  # the failed step's partial gradients
+        event = f"{why}: retrying step {self.step + 1} with micro-batch {smaller} x {per_rank // smaller}"
+        self.events.append(event)
+        if self.on_event and self.ranks.main:
+            self.on_event(event)
+        self.micro_batch = smaller
+
+    def _update(self) -> float | None:
+        """Unscale, clip, step (the scaler skips a step with inf/NaN gradients); the gradient norm if clipped."""
+        grad_norm = None
+        if self.config.grad_clip is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return grad_norm
 
     def _evaluate(self) -> float:
         """The mean loss over ``eval_batches`` held-out batches, without gradients."""
@@ -369,26 +395,18 @@ class Trainer:
                 torch.cuda.reset_peak_memory_stats(self.device)
             x, y = next(batches)  # this process's share of the step's global batch
             waited = time.perf_counter() - t0
-            try:
-                loss_sum, tokens = self._forward_backward(x, y, self.micro_batch, self.step == first_step)
-            except OutOfMemory as exc:
-                why = self._explain_oom(exc, self.micro_batch)
-                smaller = next((m for m in range(self.micro_batch // 2, 0, -1) if per_rank % m == 0), 0)
-                if retried or smaller == 0 or self.ranks.world_size > 1:
-                    hint = ("gpuwise plan shows what fits; lower --micro-batch or add --checkpointing"
-                            if self.ranks.world_size == 1 or retried else
-                            "under torchrun the processes cannot retry alone: lower --micro-batch")
-                    raise GpuwiseError(why + (" (after one retry at half the micro-batch)" if retried else ""),
-                                       hint) from exc
-                del exc
-                self._clear_after_oom()
-                retried = True
-                event = f"{why}: retrying step {self.step + 1} with micro-batch {smaller} x {per_rank // smaller}"
-                self.events.append(event)
-                if self.on_event and self.ranks.main:
-                    self.on_event(event)
-                self.micro_batch = smaller
-                loss_sum, tokens = self._forward_backward(x, y, self.micro_batch, False)
+            again = False
+            while True:
+                if again:  # outside the except block: the exception's frames no longer hold the tensors
+                    gc.collect()
+                    if self.device.type == "cuda":
+                        torch.cuda.empty_cache()
+                try:
+                    loss_sum, tokens = self._forward_backward(x, y, self.micro_batch, self.step == first_step)
+                    break
+                except OutOfMemory as exc:
+                    self._after_oom(exc, retried, per_rank)
+                    retried = again = True
             if self.ranks.world_size > 1:  # the loss of the global batch, as one process would see it
                 torch.distributed.all_reduce(loss_sum)
                 loss_sum /= self.ranks.world_size
@@ -397,14 +415,14 @@ class Trainer:
                                    "lower --lr, or use --precision bf16-mixed (fp16 overflows where bf16 does not)"
                                    + (f"; the fp16 scaler skipped {skipped_steps} steps before" if skipped_steps
                                       else ""))
-            grad_norm = None
-            if cfg.grad_clip is not None:
-                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            try:
+                grad_norm = self._update()
+            except OutOfMemory as exc:
+                raise GpuwiseError(self._explain_oom(exc, self.micro_batch).replace(
+                    "out of memory at micro-batch", "out of memory in the optimizer step, micro-batch"),
+                    "the weights, gradients and optimizer states alone do not fit: gpuwise plan shows the "
+                    "remedies (bf16, sharding, LoRA)") from exc
             skipped = scale is not None and self.scaler.get_scale() < scale  # the scale drops when it skips
             skipped_steps += skipped
             self.optimizer.zero_grad(set_to_none=True)
