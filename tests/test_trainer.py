@@ -228,7 +228,6 @@ def test_step_sampler_splits_each_global_batch_and_covers_every_epoch():
 
 
 def test_default_loss_follows_the_targets():
-    from gpuwise.training.trainer import default_loss
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
