@@ -21,3 +21,5 @@ $PY -m gpuwise plan --model llama3-8b --seq 8192 --gpu h200 | tee "$OUT/plan-lla
 # then measure against torch.utils.benchmark.Timer on the GPU.
 $PY -m gpuwise bench --save "$OUT/bench.json" --plot "$OUT/roofline.png" 2>&1 | tee "$OUT/bench.txt"
 $PY benchmarks/measure_vs_torch.py --device cuda 2>&1 | tee "$OUT/measure_vs_torch.txt"
+# gpuwise train (issue 5): GPT-2 124M bf16 tokens/s and MFU, eager and compiled; --auto vs the real largest batch.
+timeout 300 $PY benchmarks/train_gpu.py 2>&1 | tee "$OUT/train_gpu.txt"

@@ -17,7 +17,7 @@ import torch
 from gpuwise.models.gpt import GPT, GPTConfig
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
-from gpuwise.training.trainer import Trainer, cosine_with_warmup
+from gpuwise.training.trainer import Trainer, cosine_with_warmup, model_loss
 
 STEPS, BATCH, SEQ = 40, 16, 64
 DATA = CharText(seq=SEQ)
@@ -45,7 +45,7 @@ def trainer_loop() -> float:
     torch.manual_seed(0)
     model = GPT(CFG)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    trainer = Trainer(model, opt, DATA, TrainConfig(steps=STEPS, batch=BATCH, log_every=10))
+    trainer = Trainer(model, opt, DATA, TrainConfig(steps=STEPS, batch=BATCH, log_every=10), loss_fn=model_loss)
     t = time.perf_counter()
     trainer.fit()
     return time.perf_counter() - t

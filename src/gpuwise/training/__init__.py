@@ -1,1 +1,16 @@
-"""Training: the loop (trainer.py), its config and data, crash-safe checkpoints, torchrun ranks."""
+"""Training: the loop (trainer.py), its config, data and tasks, crash-safe checkpoints, torchrun ranks, and
+``run_training`` (what ``gpuwise train`` calls). The names below load on first use (they import torch)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {"Trainer": "trainer", "TrainResult": "trainer", "StepLog": "trainer", "TrainConfig": "config",
+            "TrainOptions": "run", "TrainSummary": "run", "run_training": "run"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"gpuwise.training.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'gpuwise.training' has no attribute {name!r}")

@@ -16,6 +16,7 @@ class Choice:
     precision: str
     micro_batch: int
     grad_accum: int
+    fits: int  # the plan's largest micro-batch for the free memory (capped at this process's share)
     reason: str
 
 
@@ -37,11 +38,11 @@ def choose(source, *, precision: str | None, seq: int | None, per_rank: int, fre
     fits = w.batch_model.max_batch(capacity, per_rank) if w.batch_model is not None else per_rank
     micro = next((m for m in range(min(fits, per_rank), 0, -1) if per_rank % m == 0), 0)
     if micro == 0:
-        return Choice(precision=precision, micro_batch=1, grad_accum=per_rank, reason=(
+        return Choice(precision=precision, micro_batch=1, grad_accum=per_rank, fits=0, reason=(
             f"{precision} ({why}); even a micro-batch of 1 needs more than the {human_bytes(free_bytes)} free: "
             "expect an OOM (gpuwise plan shows the remedies)"))
-    return Choice(precision=precision, micro_batch=micro, grad_accum=per_rank // micro, reason=(
-        f"{precision} ({why}); micro-batch {micro} x {per_rank // micro} accumulation: the plan fits "
-        f"{min(fits, per_rank)} {'sequences' if seq else 'samples'} in {human_bytes(free_bytes)} free with 10% "
-        "headroom"))
+    fits = min(fits, per_rank)
+    return Choice(precision=precision, micro_batch=micro, grad_accum=per_rank // micro, fits=fits, reason=(
+        f"{precision} ({why}); micro-batch {micro} x {per_rank // micro} accumulation: the plan fits {fits} "
+        f"{'sequences' if seq else 'samples'} in {human_bytes(free_bytes)} free with 10% headroom"))
 

@@ -1,0 +1,141 @@
+"""GPT-2 124M training throughput and MFU with the Trainer, eager and compiled, and --auto's micro-batch
+against the largest one that really fits (issue 5's GPU evidence). Needs a CUDA GPU; about 3 minutes.
+
+MFU two ways: the planner's FLOPs per step (what `gpuwise train` logs) and PaLM's 6N + 12·L·H·Q·T per token
+(what nanoGPT reports; nanoGPT: 37% on an A100), both over the catalog's dense bf16 peak.
+
+    PYTHONPATH=src python benchmarks/train_gpu.py [--steps 30] [--micro 16] [--seq 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import torch
+
+from gpuwise.models import get_model
+from gpuwise.planning.setup import Setup
+from gpuwise.planning.source import ZooSource
+from gpuwise.planning.workload import simulate
+from gpuwise.training.auto import choose
+from gpuwise.training.config import TrainConfig
+from gpuwise.training.trainer import OutOfMemory, Trainer, model_loss
+
+
+class RandomTokens:
+    """Numbered batches of random tokens: throughput does not depend on the text."""
+
+    def __init__(self, vocab: int, seq: int) -> None:
+        self.vocab, self.seq = vocab, seq
+
+    def batch(self, number: int, size: int):
+        g = torch.Generator().manual_seed(number)
+        t = torch.randint(self.vocab, (size, self.seq + 1), generator=g)
+        return t[:, :-1], t[:, 1:]
+
+
+def build(zoo, fused: bool = True):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = zoo.instantiate(None)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=fused)
+    return model, opt
+
+
+def step_fits(zoo, seq: int, micro: int) -> bool:
+    """One real bf16-mixed training step (optimizer included) at this micro-batch."""
+    model, opt = build(zoo)
+    data = RandomTokens(zoo.config.vocab_size, seq)
+    try:
+        Trainer(model, opt, data, TrainConfig(steps=2, batch=micro, precision="bf16-mixed", warmup_steps=1),
+                device="cuda", loss_fn=model_loss).fit()
+        return True
+    except OutOfMemory:
+        return False
+    except Exception as exc:  # the Trainer turns an OOM in the optimizer step into a GpuwiseError
+        if "out of memory" in str(exc):
+            return False
+        raise
+    finally:
+        del model, opt
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def largest_fitting(zoo, seq: int, limit: int) -> int:
+    lo, hi = 0, 8
+    while hi <= limit and step_fits(zoo, seq, hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if step_fits(zoo, seq, mid) else (lo, mid)
+    return lo
+
+
+def throughput(zoo, seq: int, micro: int, steps: int, compiled: bool, peak: float | None) -> dict:
+    model, opt = build(zoo)
+    cfg = TrainConfig(steps=steps, batch=micro, precision="bf16-mixed", log_every=1, warmup_steps=2,
+                      compile=compiled)
+    n = sum(p.numel() for p in model.parameters())
+    c = zoo.config
+    palm = (6 * n + 12 * c.n_layer * c.n_embd * seq) * micro * seq  # PaLM appendix B, per step
+    planned = simulate(ZooSource(zoo=zoo), Setup(batch=micro, seq=seq, precision="bf16-mixed"),
+                       batch_model=False).flops_per_step
+    result = Trainer(model, opt, RandomTokens(c.vocab_size, seq), cfg, device="cuda", loss_fn=model_loss,
+                     flops_per_step=planned, peak_tflops=peak).fit()
+    later = sorted(result.logs[steps // 3:], key=lambda log: log.tokens_per_s)  # after warm-up and compile
+    mid = later[len(later) // 2]
+    step_s = micro * seq / mid.tokens_per_s
+    del model, opt
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"tokens_per_s": mid.tokens_per_s, "mfu_planned": mid.mfu,
+            "mfu_palm": palm / step_s / (peak * 1e12) if peak else None, "peak_bytes": mid.peak_memory_bytes,
+            "loss": result.final_loss}
+
+
+def _pct(value: float | None) -> str:
+    return f"{100 * value:.1f}%" if value else "-"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--limit", type=int, default=256, help="largest micro-batch to try")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("train_gpu.py needs a CUDA GPU")
+    from gpuwise.hardware.catalog import load_catalog
+
+    props = torch.cuda.get_device_properties(0)
+    match = load_catalog().match_device(props.name, props.total_memory)
+    peak = match.peak_tflops.get("bf16") if match else None
+    zoo = get_model("gpt2")
+    print(f"device: {props.name}, {props.total_memory / 2**30:.1f} GiB; catalog bf16 peak {peak} TFLOPS; "
+          f"torch {torch.__version__}; GPT-2 124M, seq {args.seq}, bf16-mixed, fused AdamW")
+    print("| run | micro-batch | tokens/s | MFU (planner FLOPs) | MFU (6N+12LHQT) | peak memory |")
+    print("|---|---|---|---|---|---|")
+    for compiled in (False, True):
+        t0 = time.perf_counter()
+        r = throughput(zoo, args.seq, args.micro, args.steps, compiled, peak)
+        print(f"| {'compiled' if compiled else 'eager'} | {args.micro} | {r['tokens_per_s']:,.0f} | "
+              f"{_pct(r['mfu_planned'])} | {_pct(r['mfu_palm'])} | {r['peak_bytes'] / 2**30:.2f} GiB | "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    free = torch.cuda.mem_get_info()[0]
+    choice = choose(ZooSource(zoo=zoo), precision="bf16-mixed", seq=args.seq, per_rank=args.limit,
+                    free_bytes=free, device_type="cuda", bf16=True)
+    t0 = time.perf_counter()
+    real = largest_fitting(zoo, args.seq, args.limit)
+    print(f"--auto: the plan fits {choice.fits} sequences in {free / 2**30:.1f} GiB free keeping 10% headroom "
+          "(so plan/real near 0.9 is right); "
+          f"the largest that really fits (one real step each, bisected): {real}; plan/real = "
+          f"{choice.fits / max(real, 1):.2f} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
