@@ -258,6 +258,7 @@ def train(
     import json as _json
 
     from gpuwise import render
+    from gpuwise.training.config import TrainConfig
     from gpuwise.training.distributed import Ranks
     from gpuwise.training.run import TrainOptions, run_training
 
@@ -271,7 +272,8 @@ def train(
 
     sink = open_log(log) if log else None
     console = Console(stderr=True, highlight=False)
-    progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out)
+    progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out,
+                                    total=options.config.get("steps") or TrainConfig().steps)
 
     def on_log(entry) -> None:
         if sink:

@@ -333,13 +333,13 @@ def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: t
 class TrainProgress:
     """A progress bar (step, loss, throughput, ETA) on a terminal, one line per log step otherwise."""
 
-    def __init__(self, console: Console, *, live: bool) -> None:
-        self.console, self.bar, self.task = console, None, None
+    def __init__(self, console: Console, *, live: bool, total: int | None = None) -> None:
+        self.console, self.bar, self.task, self.total = console, None, None, total
         if live:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("step {task.completed}"), BarColumn(), TextColumn("{task.description}"),
-                                TimeRemainingColumn(), console=console, transient=False)
+            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.description}"), TimeRemainingColumn(), console=console)
 
     def note(self, text: str) -> None:
         self.console.print(text, markup=False, soft_wrap=True)
@@ -350,7 +350,7 @@ class TrainProgress:
         if self.bar is not None:
             if self.task is None:
                 self.bar.start()
-                self.task = self.bar.add_task("", total=None)
+                self.task = self.bar.add_task("", total=self.total)
             self.bar.update(self.task, completed=entry.step, description=f"loss {entry.loss:.3f}{evals} · {rate}")
             return
         self.console.print(f"step {entry.step:>6}  loss {entry.loss:.4f}{evals}  lr {entry.lr:.2e}  {rate}"
