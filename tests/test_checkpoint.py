@@ -133,3 +133,26 @@ def test_sigkill_while_writing_leaves_a_usable_checkpoint(tmp_path):
     assert all(name.startswith("step-") for name in visible) and len(visible) <= 3  # keep=2, + one not pruned yet
     for name in visible:  # every visible checkpoint is whole
         ckpt._verify(tmp_path / name)
+
+
+def test_a_malformed_manifest_or_a_pickle_posing_as_safetensors_is_refused(tmp_path):
+    model, _ = _trained()
+    ckpt.save(tmp_path, 1, model_state=model.state_dict(), state={"n": 1}, fingerprint="f")
+    newest = ckpt.save(tmp_path, 2, model_state=model.state_dict(), state={"n": 2}, fingerprint="f")
+    manifest = json.loads((newest.path / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = {"size": 3}  # no bytes, no sha256
+    (newest.path / "manifest.json").write_text(json.dumps(manifest))
+    found, skipped = ckpt.latest(tmp_path)
+    assert found.step == 1 and "no readable manifest (KeyError)" in skipped[0]
+
+    c = ckpt.save(tmp_path, 3, model_state=model.state_dict(), state={}, fingerprint="f")
+    torch.save({"w": torch.zeros(2)}, c.path / "model.safetensors")  # a pickle under the safetensors name
+    manifest = json.loads((c.path / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = {"bytes": (c.path / "model.safetensors").stat().st_size,
+                                              "sha256": ckpt._sha256(c.path / "model.safetensors")}
+    (c.path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(GpuwiseError, match=r"model\.safetensors is refused: not a safetensors file"):
+        ckpt.load(ckpt.latest(tmp_path)[0])
+    del manifest["files"]["model.safetensors"]
+    (c.path / "manifest.json").write_text(json.dumps(manifest))
+    assert "the manifest does not list model.safetensors" in ckpt.latest(tmp_path)[1][0]

@@ -40,13 +40,37 @@ def test_accumulation_equals_one_big_batch():
         assert a.loss == pytest.approx(b.loss, rel=1e-5)
 
 
-def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path):
+def _dropout_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 3))
+
+
+def _dataset():
+    g = torch.Generator().manual_seed(1)
+    return torch.utils.data.TensorDataset(torch.randn(40, 8, generator=g), torch.randint(3, (40,), generator=g))
+
+
+@pytest.mark.parametrize("kind", ["char-gpt", "dropout-dataset"])
+def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path, kind):
+    """Half a run, a fresh process state, the other half from the checkpoint: the same losses bit for bit.
+    The dropout model draws from the global RNG and its Dataset is read by a DataLoader, so this fails if the
+    RNG state is not restored or if the loader takes its seed from the global RNG."""
+    import shutil
+
     config = TrainConfig(steps=12, batch=8, log_every=1, checkpoint_every=6)
-    straight = _trainer(config).fit()
-    first = _trainer(TrainConfig(steps=6, batch=8, log_every=1), checkpoint_dir=tmp_path).fit()
-    assert [log.loss for log in first.logs] == [log.loss for log in straight.logs[:6]]
+
+    def trainer(folder):
+        if kind == "char-gpt":
+            return _trainer(config, checkpoint_dir=folder)
+        model = _dropout_net()
+        return Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), _dataset(), config,
+                       checkpoint_dir=folder)
+
+    straight = trainer(tmp_path / "a").fit()
+    trainer(tmp_path / "b").fit()
+    shutil.rmtree(tmp_path / "b" / "step-000000012")  # as if killed after the checkpoint at step 6
     torch.manual_seed(999)  # a fresh process would not share the first run's RNG: the checkpoint restores it
-    resumed = _trainer(config, checkpoint_dir=tmp_path).fit(resume=True)
+    resumed = trainer(tmp_path / "b").fit(resume=True)
     assert resumed.resumed_from == 6
     assert [log.loss for log in resumed.logs] == [log.loss for log in straight.logs[6:]]
 
@@ -75,13 +99,6 @@ def test_a_non_finite_loss_stops_with_the_step():
     trainer.model.forward = poisoned
     with pytest.raises(GpuwiseError, match="the loss is nan at step 3"):
         trainer.fit()
-
-
-def test_fp16_keeps_one_scaler_for_the_run():
-    trainer = _trainer(TrainConfig(steps=3, batch=4, precision="fp16-mixed"))
-    scaler = trainer.scaler
-    trainer.fit()
-    assert trainer.scaler is scaler and scaler.is_enabled()
 
 
 def test_schedule_warms_up_then_follows_a_cosine():
@@ -262,3 +279,45 @@ def test_image_task_learns_and_accumulation_equals_one_batch():
     assert [log.loss for log in parts.logs] == pytest.approx([log.loss for log in whole.logs], rel=1e-4)
     assert whole.logs[0].loss == pytest.approx(math.log(10), abs=0.3)
     assert sum(log.loss for log in whole.logs[-5:]) / 5 < math.log(10) - 0.3
+
+
+def test_a_folder_with_checkpoints_is_not_overwritten_without_resume(tmp_path):
+    _trainer(TrainConfig(steps=2, batch=4), checkpoint_dir=tmp_path).fit()
+    with pytest.raises(GpuwiseError, match="holds checkpoints of a run already"):
+        _trainer(TrainConfig(steps=2, batch=4), checkpoint_dir=tmp_path).fit()
+    with pytest.raises(GpuwiseError, match="is at step 2 already, --steps is 2"):
+        _trainer(TrainConfig(steps=2, batch=4), checkpoint_dir=tmp_path).fit(resume=True)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(GpuwiseError, match="is a file"):
+        _trainer(TrainConfig(steps=2, batch=4), checkpoint_dir=tmp_path / "file")
+    with pytest.raises(GpuwiseError, match="--checkpoint-every needs a folder"):
+        _trainer(TrainConfig(steps=2, batch=4, checkpoint_every=1))
+
+
+def test_bad_held_out_data_stops_after_saving_and_ragged_items_are_named(tmp_path):
+    model = torch.nn.Linear(8, 3)
+    good = [(torch.randn(8), torch.tensor(1)) for _ in range(16)]
+    bad_val = [(torch.randn(5), torch.tensor(1)) for _ in range(16)]
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), good, TrainConfig(steps=3, batch=4),
+                      eval_data=bad_val, checkpoint_dir=tmp_path)
+    with pytest.raises(GpuwiseError, match="the held-out data does not fit the model: RuntimeError"):
+        trainer.fit()
+    assert (tmp_path / "step-000000003" / "manifest.json").is_file()  # the trained steps were kept
+    from gpuwise.training.data import StepSampler
+
+    odd = StepSampler(16, 4, seed=TrainConfig().seed, start=0, steps=8).global_batch(2)[0]  # read at step 3
+    ragged = [(torch.randn(9 if i == odd else 8), torch.tensor(1)) for i in range(16)]
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ragged, TrainConfig(steps=8, batch=4),
+                      checkpoint_dir=tmp_path / "r")
+    with pytest.raises(GpuwiseError, match=r"reading the batch of step 3 failed: RuntimeError: stack expects"):
+        trainer.fit()
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["step-000000002"]  # saved what it had done
+
+
+def test_the_trainer_takes_a_dataset_and_refuses_a_dataloader():
+    model = _dropout_net()
+    result = Trainer(model, torch.optim.AdamW(model.parameters()), _dataset(), TrainConfig(steps=2, batch=8)).fit()
+    assert result.steps == 2
+    with pytest.raises(GpuwiseError, match="takes the Dataset, not a DataLoader"):
+        Trainer(model, torch.optim.AdamW(model.parameters()), torch.utils.data.DataLoader(_dataset()),
+                TrainConfig(steps=2, batch=8))

@@ -95,6 +95,9 @@ def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.T
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:09d}.", dir=folder))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; give the folder the permissions mkdir would
     try:
         tensors, aliases = _split_shared(model_state)
         save_file(tensors, str(tmp / "model.safetensors"))
@@ -140,17 +143,38 @@ def commit(folder: Path, step: int, tmp: Path, *, fingerprint: str, keep: int, e
 def _verify(path: Path) -> Checkpoint:
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
+        files = {str(name): (int(meta["bytes"]), str(meta["sha256"])) for name, meta in manifest["files"].items()}
         step, fingerprint = int(manifest["step"]), str(manifest["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise GpuwiseError(f"{path.name}: no readable manifest ({type(exc).__name__})", "") from None
-    for name, meta in files.items():
+    needed = ("state.pt", "dcp/.metadata") if manifest.get("format") == "dcp" else ("state.pt", "model.safetensors")
+    for name in needed:
+        if name not in files:
+            raise GpuwiseError(f"{path.name}: the manifest does not list {name}", "")
+    for name, (size, digest) in files.items():
         f = path / name
-        if not f.is_file() or f.stat().st_size != meta["bytes"]:
+        if not f.is_file() or f.stat().st_size != size:
             raise GpuwiseError(f"{path.name}/{name} is missing or truncated", "")
-        if _sha256(f) != meta["sha256"]:
+        if _sha256(f) != digest:
             raise GpuwiseError(f"{path.name}/{name} does not match its checksum", "")
     return Checkpoint(path=path, step=step, fingerprint=fingerprint)
+
+
+def check_writable(folder: Path) -> None:
+    """Fail before training, not after it, when checkpoints could not be written."""
+    if folder.exists() and not folder.is_dir():
+        raise GpuwiseError(f"--checkpoint-dir {folder} is a file", "pass a folder (it is created if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=".probe-", dir=folder))
+        probe.rmdir()
+    except OSError as exc:
+        raise GpuwiseError(f"cannot write checkpoints to {folder}: {exc.strerror or exc}",
+                           "pick a folder you can write to") from None
+
+
+def steps_in(folder: Path) -> list[Path]:
+    return sorted(folder.glob(f"{PREFIX}*")) if folder.is_dir() else []
 
 
 def latest(folder: str | os.PathLike) -> tuple[Checkpoint | None, list[str]]:
@@ -201,7 +225,11 @@ def load(ckpt: Checkpoint, *, fingerprint: str | None = None) -> tuple[dict[str,
     if manifest.get("format") == "dcp":
         raise GpuwiseError(f"{ckpt.path} holds sharded weights (written under --sharding fsdp)",
                            "resume it with torchrun and --sharding fsdp")
-    weights = load_file(str(ckpt.path / "model.safetensors"))
+    try:
+        weights = load_file(str(ckpt.path / "model.safetensors"))
+    except Exception as exc:  # safetensors parses a header and raw tensors only: anything else is refused
+        raise GpuwiseError(f"{ckpt.path}/model.safetensors is refused: not a safetensors file ({exc})",
+                           "gpuwise loads only checkpoints it wrote; start afresh") from None
     for alias, name in manifest.get("aliases", {}).items():
         weights[alias] = weights[name]
     return weights, load_state(ckpt)

@@ -16,7 +16,7 @@ class TrainConfig:
     micro_batch: int | None = None  # None: the whole batch at once
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr x this
-    warmup_steps: int = 20
+    warmup_steps: int | None = None  # None: a tenth of the steps, at most 100
     weight_decay: float = 0.1
     grad_clip: float | None = 1.0
     precision: Precision = "fp32"
@@ -47,6 +47,10 @@ class TrainConfig:
                                "pick a batch that the micro-batch divides")
         if not self.lr > 0:
             raise GpuwiseError(f"--lr {self.lr} must be positive", "pass e.g. --lr 3e-4")
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, min(100, self.steps // 10))
 
     @property
     def grad_accum(self) -> int:

@@ -163,8 +163,11 @@ class DatasetBatches:
     def stream(self, start: int, steps: int, batch: int, rank: int, world_size: int, pin: bool) -> Iterator:
         sampler = StepSampler(len(self.dataset), batch, seed=self.seed, start=start, steps=steps, rank=rank,
                               world_size=world_size)
+        # its own generator: the workers' base seed must not come from (and advance) the global RNG, which the
+        # checkpoint saves and a resumed run restores
         loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=sampler, num_workers=self.workers,
-                                             pin_memory=pin, persistent_workers=False)
+                                             pin_memory=pin, persistent_workers=False,
+                                             generator=torch.Generator().manual_seed(self.seed + start))
         for collated in loader:
             yield _split_item(collated)
 

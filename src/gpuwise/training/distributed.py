@@ -28,7 +28,18 @@ class Ranks:
 
 def start(ranks: Ranks, device: torch.device) -> None:
     if ranks.world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":  # before NCCL, pinned memory or a context touch GPU 0 from every process
+            torch.cuda.set_device(device)
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def agree_min(ranks: Ranks, value: int, device: torch.device) -> int:
+    """The smallest of every process's ``value`` (each plans from its own free memory)."""
+    if ranks.world_size == 1:
+        return value
+    t = torch.tensor([value], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def stop(ranks: Ranks) -> None:

@@ -104,8 +104,6 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
                  environ: Mapping[str, str] | None = None) -> TrainSummary:
     """Train as ``gpuwise train`` does; ``on_event`` hears the choices made (auto settings, OOM retries)."""
     from gpuwise.bench.device import device_for
-    from gpuwise.planning.setup import Setup
-    from gpuwise.planning.workload import simulate
 
     if opts.resume and not opts.checkpoint_dir:
         raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
@@ -114,6 +112,19 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
     cuda = name.startswith("cuda")
     if ranks.world_size > 1 and cuda:
         name = f"cuda:{ranks.local_rank}"
+    start(ranks, torch.device(name))
+    try:
+        summary = _run(opts, ranks, name, cuda, on_log, on_event)
+    finally:
+        stop(ranks)
+    return summary
+
+
+def _run(opts: TrainOptions, ranks: Ranks, name: str, cuda: bool, on_log, on_event) -> TrainSummary:
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.workload import simulate
+    from gpuwise.training.distributed import agree_min
+
     say = (lambda text: on_event(text)) if on_event and ranks.main else (lambda text: None)
     config = TrainConfig(**opts.config)
     if config.sharding == "fsdp" and ranks.world_size == 1:
@@ -135,7 +146,8 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
             auto_reason = f"the planner could not capture the model ({exc.message}): the whole batch at once"
         else:
             asked = opts.config.get("micro_batch")
-            config = replace(config, precision=choice.precision, micro_batch=asked or choice.micro_batch)
+            micro = asked or agree_min(ranks, choice.micro_batch, torch.device(name))  # one choice for all
+            config = replace(config, precision=choice.precision, micro_batch=micro)
             auto_reason = choice.reason + (f" (--micro-batch {asked} as asked)" if asked else "")
         say(f"auto: {auto_reason}")
     elif "precision" not in opts.config:
@@ -155,7 +167,7 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
     setup = Setup(batch=micro, seq=task.seq, precision=config.precision, grad_accum=config.batch // ranks.world_size
                   // micro, checkpointing="full" if config.checkpointing else "none")
     try:
-        flops = simulate(task.source, setup, batch_model=False).flops_per_step * ranks.world_size
+        flops = simulate(task.source, setup, batch_model=False).flops_per_step  # per process, as the peak is
     except GpuwiseError:
         flops = None
 
@@ -163,15 +175,11 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
         w = simulate(task.source, replace(setup, batch=m), batch_model=False)
         return float(w.timeline.live(m).sum(axis=1).max())
 
-    start(ranks, torch.device(name))
-    try:
-        trainer = Trainer(model, optimizer, task.data, config, device=name, loss_fn=task.loss_fn,
-                          eval_data=task.eval_data, flops_per_step=flops, peak_tflops=_peak_tflops(name,
-                          config.precision), predicted_peak=predicted_peak, checkpoint_dir=opts.checkpoint_dir,
-                          on_log=on_log, on_event=on_event, ranks=ranks)
-        result = trainer.fit(resume=opts.resume)
-    finally:
-        stop(ranks)
+    trainer = Trainer(model, optimizer, task.data, config, device=name, loss_fn=task.loss_fn,
+                      eval_data=task.eval_data, flops_per_step=flops, peak_tflops=_peak_tflops(name,
+                      config.precision), predicted_peak=predicted_peak, checkpoint_dir=opts.checkpoint_dir,
+                      on_log=on_log, on_event=on_event, ranks=ranks)
+    result = trainer.fit(resume=opts.resume)
     later = [log for log in result.logs if log.step > (result.resumed_from or 0) + 1] or list(result.logs)
     peaks = [log.peak_memory_bytes for log in result.logs if log.peak_memory_bytes is not None]
     return TrainSummary(

@@ -131,7 +131,9 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
         return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
 
     if data_spec is None:
-        _, inputs = build_real(batch)
+        with torch.random.fork_rng(devices=[]):  # the same example inputs in every run and every process
+            torch.manual_seed(seed)
+            _, inputs = build_real(batch)
         data, eval_data = Fixed(inputs), None
     else:
         data_path, data_name = _function(data_spec, "--data")

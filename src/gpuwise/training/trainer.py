@@ -65,25 +65,24 @@ def cosine_with_warmup(config: TrainConfig) -> Callable[[int], float]:
     """LR multiplier: linear warm-up, then cosine down to min_lr_ratio at the last step (nanoGPT's schedule)."""
 
     def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        span = max(config.steps - config.warmup_steps, 1)
-        progress = min((step - config.warmup_steps) / span, 1.0)
+        warmup = config.warmup
+        if step < warmup:
+            return (step + 1) / warmup
+        span = max(config.steps - warmup, 1)
+        progress = min((step - warmup) / span, 1.0)
         return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
 
 
-def identity(model: nn.Module, config: TrainConfig) -> dict[str, Any]:
+def identity(model: nn.Module, config: TrainConfig, world_size: int = 1) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: parameter names, shapes and dtypes, and the run's batch,
-    precision and sharding (the micro-batch may change: the steps are the same)."""
+    precision, learning rate, seed and layout (sharded or whole). The micro-batch and the number of
+    processes may change (the steps are the same); so may ``steps``, which stretches the schedule."""
     return {"model": {name: [list(p.shape), str(p.dtype).removeprefix("torch.")]
                       for name, p in model.state_dict().items()},
-            "batch": config.batch, "precision": config.precision, "sharding": config.sharding}
-
-
-def fingerprint(model: nn.Module, config: TrainConfig) -> str:
-    return ckpt.fingerprint_of(identity(model, config))
+            "batch": config.batch, "precision": config.precision, "lr": config.lr, "seed": config.seed,
+            "sharding": "fsdp" if config.sharding == "fsdp" and world_size > 1 else "none"}
 
 
 def default_loss(model: nn.Module, x: Any, y: Any) -> torch.Tensor:
@@ -106,6 +105,21 @@ def model_loss(model: nn.Module, x: Any, y: Any) -> torch.Tensor:
     return model(x, y)
 
 
+def _as_batches(data: Any, config: TrainConfig) -> Any:
+    """Numbered batches as they are; a map-style Dataset read through the step sampler; a DataLoader refused."""
+    from gpuwise.training.data import DatasetBatches
+
+    if hasattr(data, "batch") or hasattr(data, "stream"):
+        return data
+    if isinstance(data, torch.utils.data.DataLoader):
+        raise GpuwiseError("the Trainer takes the Dataset, not a DataLoader",
+                           "pass loader.dataset: the Trainer numbers the batches so a resume reads the same ones")
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return DatasetBatches(data, seed=config.seed)
+    raise GpuwiseError(f"the Trainer cannot read batches from {type(data).__name__}",
+                       "pass a map-style Dataset of (input, target) items, or an object with batch(number, size)")
+
+
 def _fsdp_api():
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -125,7 +139,7 @@ class Trainer:
         self.config_batch_split(config, self.ranks)
         self.device = torch.device(device)
         self.module = model  # unwrapped: what checkpoints hold
-        self.identity = identity(model, config)
+        self.identity = identity(model, config, self.ranks.world_size)
         self.fingerprint = ckpt.fingerprint_of(self.identity)
         if config.checkpointing:
             from gpuwise.planning.transforms import apply_checkpointing, find_blocks
@@ -146,10 +160,14 @@ class Trainer:
 
             model = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda"
                                             else None)
-        self.model, self.optimizer, self.data, self.config = model, optimizer, data, config
-        self.loss_fn, self.eval_data = loss_fn, eval_data
+        self.model, self.optimizer, self.data, self.config = model, optimizer, _as_batches(data, config), config
+        self.loss_fn, self.eval_data = loss_fn, None if eval_data is None else _as_batches(eval_data, config)
         self.flops_per_step, self.peak_tflops, self.predicted_peak = flops_per_step, peak_tflops, predicted_peak
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        if self.checkpoint_dir is None and config.checkpoint_every:
+            raise GpuwiseError("--checkpoint-every needs a folder", "pass --checkpoint-dir DIR")
+        if self.checkpoint_dir is not None:
+            ckpt.check_writable(self.checkpoint_dir)
         self.on_log, self.on_event = on_log, on_event
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(config))
         fp16 = config.precision == "fp16-mixed"
@@ -158,6 +176,7 @@ class Trainer:
         if config.precision in ("tf32", "fp32") and self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.precision == "tf32"
         self.step = 0
+        self.skipped_steps = 0  # fp16: updates the scaler skipped, over the whole run
         self.micro_batch = config.micro_batch or config.batch // self.ranks.world_size
         self.events: list[str] = []
 
@@ -210,7 +229,7 @@ class Trainer:
 
     def _state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-                "rng": ckpt.rng_state(), "step": self.step}
+                "rng": ckpt.rng_state(), "step": self.step, "skipped_steps": self.skipped_steps}
 
     def _save(self) -> None:
         if self.checkpoint_dir is None:
@@ -254,13 +273,26 @@ class Trainer:
         if skipped and self.on_event and self.ranks.main:
             self.on_event(f"skipped {len(skipped)} damaged checkpoint(s): {'; '.join(skipped)}")
         ckpt.check_identity(found, self.identity)
+        if found.step >= self.config.steps:
+            raise GpuwiseError(f"{found.path.name} is at step {found.step} already, --steps is {self.config.steps}",
+                               f"pass --steps above {found.step} to train on")
+        if ckpt.is_sharded(found) != self.fsdp:
+            raise GpuwiseError(f"{found.path.name} is {'sharded' if ckpt.is_sharded(found) else 'whole'}, this run "
+                               f"is {'sharded' if self.fsdp else 'not'}",
+                               "resume with the same --sharding and torchrun")
         if self.fsdp:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
             model_state, optim_state = get_state_dict(self.model, self.optimizer)
             shards = {"model": model_state, "optimizer": optim_state}
-            dcp.load(shards, checkpoint_id=str(found.path / "dcp"))
+            try:
+                dcp.load(shards, checkpoint_id=str(found.path / "dcp"))
+            except BaseException as exc:  # CheckpointException derives from BaseException
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise GpuwiseError(f"{found.path.name}: the sharded weights do not load "
+                                   f"({type(exc).__name__})", "resume with the processes that wrote it") from None
             set_state_dict(self.model, self.optimizer, model_state_dict=shards["model"],
                            optim_state_dict=shards["optimizer"])
             state = ckpt.load_state(found)
@@ -272,6 +304,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         return self.step
 
     # -- steps ---------------------------------------------------------------------------------------------
@@ -358,6 +391,16 @@ class Trainer:
 
     def _evaluate(self) -> float:
         """The mean loss over ``eval_batches`` held-out batches, without gradients."""
+        try:
+            return self._evaluate_batches()
+        except (GpuwiseError, OutOfMemory):
+            raise
+        except Exception as exc:
+            line = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise GpuwiseError(f"the held-out data does not fit the model: {type(exc).__name__}: {line}",
+                               "check that the validation Dataset's items are like the training ones") from exc
+
+    def _evaluate_batches(self) -> float:
         cfg = self.config
         self.model.eval()
         total = torch.zeros((), device=self.device)
@@ -378,11 +421,37 @@ class Trainer:
         return float(total) / cfg.eval_batches
 
     def fit(self, *, resume: bool = False) -> TrainResult:
-        cfg = self.config
+        """Train to ``config.steps`` (from the newest good checkpoint with ``resume``). A one-line error
+        (bad data, a non-finite loss, an OOM that a retry did not cure) first saves the steps done so far."""
+        if not resume and self.checkpoint_dir is not None and ckpt.steps_in(self.checkpoint_dir):
+            newest = ckpt.steps_in(self.checkpoint_dir)[-1].name
+            raise GpuwiseError(f"{self.checkpoint_dir} holds checkpoints of a run already (newest {newest})",
+                               "pass --resume to continue it, or another --checkpoint-dir")
         resumed = self._resume() if resume else None
+        self.saved = self.step
+        try:
+            return self._loop(resumed)
+        except GpuwiseError:
+            if self.step > self.saved and self.ranks.world_size == 1:  # keep what was trained
+                self._save()
+                self.events.append(f"saved step {self.step} before stopping")
+            raise
+
+    def _next(self, batches) -> tuple[Any, Any]:
+        try:
+            return next(batches)
+        except GpuwiseError:
+            raise
+        except Exception as exc:  # the user's Dataset or its collation
+            line = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise GpuwiseError(f"reading the batch of step {self.step + 1} failed: {type(exc).__name__}: {line}",
+                               "check the Dataset: every item (input, target) with the same shapes") from exc
+
+    def _loop(self, resumed: int | None) -> TrainResult:
+        cfg = self.config
         per_rank = cfg.batch // self.ranks.world_size
         logs: list[StepLog] = []
-        skipped_steps, retried = 0, False
+        retried = False
         start = time.perf_counter()
         first_step = self.step
         self.model.train()
@@ -393,7 +462,7 @@ class Trainer:
             t0 = time.perf_counter()
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
-            x, y = next(batches)  # this process's share of the step's global batch
+            x, y = self._next(batches)  # this process's share of the step's global batch
             waited = time.perf_counter() - t0
             again = False
             while True:
@@ -411,10 +480,11 @@ class Trainer:
                 torch.distributed.all_reduce(loss_sum)
                 loss_sum /= self.ranks.world_size
             if not torch.isfinite(loss_sum):
+                self.optimizer.zero_grad(set_to_none=True)
                 raise GpuwiseError(f"the loss is {loss_sum.item()} at step {self.step + 1}",
                                    "lower --lr, or use --precision bf16-mixed (fp16 overflows where bf16 does not)"
-                                   + (f"; the fp16 scaler skipped {skipped_steps} steps before" if skipped_steps
-                                      else ""))
+                                   + (f"; the fp16 scaler skipped {self.skipped_steps} steps before"
+                                      if self.skipped_steps else ""))
             scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
             try:
                 grad_norm = self._update()
@@ -424,7 +494,7 @@ class Trainer:
                     "the weights, gradients and optimizer states alone do not fit: gpuwise plan shows the "
                     "remedies (bf16, sharding, LoRA)") from exc
             skipped = scale is not None and self.scaler.get_scale() < scale  # the scale drops when it skips
-            skipped_steps += skipped
+            self.skipped_steps += skipped
             self.optimizer.zero_grad(set_to_none=True)
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
@@ -432,6 +502,9 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             dt = time.perf_counter() - t0
+            if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
+                self._save()  # before evaluating: a failing evaluation loses nothing
+                self.saved = self.step
             evaluate = self.eval_data is not None and (
                 (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.steps)
             step_eval = self._evaluate() if evaluate else None
@@ -447,10 +520,7 @@ class Trainer:
                 logs.append(log)
                 if self.on_log and self.ranks.main:
                     self.on_log(log)
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
-                self._save()
-        self._save()
         return TrainResult(steps=self.step, final_loss=logs[-1].loss if logs else math.nan, eval_loss=eval_loss,
-                           logs=tuple(logs), skipped_steps=skipped_steps, seconds=time.perf_counter() - start,
-                           resumed_from=resumed, micro_batch=self.micro_batch,
+                           logs=tuple(logs), skipped_steps=self.skipped_steps,
+                           seconds=time.perf_counter() - start, resumed_from=resumed, micro_batch=self.micro_batch,
                            grad_accum=per_rank // self.micro_batch, events=tuple(self.events))
