@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # the Triton kernels run interpreted on the CPU (set before they are defined)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpuwise.environment import CpuInfo, Environment, GpuProcess, NvmlDevice, TorchDevice, TorchInfo
 from gpuwise.stack import driver_max_cuda, parse_version

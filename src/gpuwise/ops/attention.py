@@ -1,0 +1,154 @@
+"""``attention(q, k, v, block_mask=..., causal=...)``: block-sparse FlashAttention, differentiable.
+
+Where it runs:
+
+- CUDA tensors with Triton installed, head_dim 64 or 128, fp16/bf16/fp32: the Triton kernels (``_kernels``);
+- CPU tensors with ``TRITON_INTERPRET=1`` set before Triton was imported: the same kernels, interpreted;
+- everything else (CPU, MPS, no Triton, other head dims): a plain PyTorch path with the same results (the
+  dense element mask from the BlockMask; other head dims say so once in a warning).
+
+Semantics shared by both paths: ``scale`` defaults to ``1/sqrt(head_dim)``; ``causal=True`` is
+``BlockMask.causal`` (top-left aligned, as SDPA's ``is_causal``), combined with ``block_mask`` by ``&`` when both
+are given; a query row with nothing to attend to gives zeros (and zero gradients), never NaN; k and v may
+have fewer heads than q (grouped-query attention) when that number divides q's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
+
+import torch
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.ops.block_mask import BlockMask
+
+KERNEL_HEAD_DIMS = (64, 128)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def _kernels():
+    """The Triton module, or None when Triton cannot be imported."""
+    try:
+        from gpuwise.ops import _kernels as k
+    except Exception:  # no Triton, or a Triton without a usable backend
+        return None
+    return k
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _warn_head_dim(d: int) -> None:
+    warnings.warn(f"gpuwise.ops.attention: head_dim {d} has no kernel (64 and 128 do); using the PyTorch path",
+                  stacklevel=3)
+
+
+def uses_kernel(q: torch.Tensor) -> bool:
+    """Whether ``attention`` would run the Triton kernels for tensors like ``q``."""
+    if q.dtype not in _DTYPES or q.shape[-1] not in KERNEL_HEAD_DIMS:
+        return False
+    if q.device.type == "cuda":
+        return _kernels() is not None
+    return q.device.type == "cpu" and _interpreting() and _kernels() is not None
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              scale: float) -> torch.Tensor:
+    """Attention in plain PyTorch: fp32 arithmetic (fp64 for fp64 inputs), a dense element mask
+    (batch or 1, seq_q, seq_k), fully masked rows giving zeros with zero gradients."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q.to(compute) @ k.to(compute).transpose(-1, -2)) * scale
+    if mask is None:
+        p = torch.softmax(s, dim=-1)
+    else:
+        m = mask.to(s.device)[:, None]  # (batch or 1, 1, seq_q, seq_k)
+        # a finite fill, not -inf: a row masked everywhere stays finite (uniform), then is zeroed by `has`
+        p = torch.softmax(s.masked_fill(~m, torch.finfo(compute).min), dim=-1)
+        p = p * (m.any(dim=-1, keepdim=True) & m)
+    return (p @ v.to(compute)).to(q.dtype)
+
+
+class _BlockSparseAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask: BlockMask, scale: float):
+        kern = _kernels()
+        tables = mask.tables(q.device)
+        o, lse = kern.forward(q, k, v, tables, mask, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mask, ctx.scale = mask, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _kernels().backward(do, q, k, v, o, lse, ctx.mask.tables(q.device), ctx.mask, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None) -> None:
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        raise GpuwiseError("q, k and v must be 4-D tensors (batch, heads, seq, head_dim)",
+                           "reshape with .view(b, s, h, d).transpose(1, 2)")
+    (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = q.shape, k.shape, v.shape
+    if (bk, hk, sk, dk) != (bv, hv, sv, dv):
+        raise GpuwiseError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ", "give k and v the same shape")
+    if bk != b or dk != d:
+        raise GpuwiseError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head_dim",
+                           "give q, k and v the same batch and head_dim")
+    if hk < 1 or h % hk:
+        raise GpuwiseError(f"q has {h} heads, k and v {hk}: grouped-query attention needs a divisor",
+                           "give k and v a number of heads that divides q's")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise GpuwiseError(f"q, k, v dtypes {q.dtype}, {k.dtype}, {v.dtype} differ", "cast them to one dtype")
+    if not (q.device == k.device == v.device):
+        raise GpuwiseError("q, k and v are on different devices", "move them to one device")
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise GpuwiseError(f"block_mask is {type(block_mask).__name__}, not a gpuwise.ops.BlockMask",
+                               "build one with BlockMask.causal, .sliding_window, .document or .from_dense")
+        if (block_mask.seq_q, block_mask.seq_k) != (sq, sk):
+            raise GpuwiseError(f"the block mask is for {block_mask.seq_q} x {block_mask.seq_k}, q and k are "
+                               f"{sq} x {sk}", "build the mask for these sequence lengths")
+        if block_mask.batch not in (1, b):
+            raise GpuwiseError(f"the block mask has {block_mask.batch} batch rows, q has {b}",
+                               "build it from doc_ids shaped (batch, seq), or (seq,) for all rows")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_mask: BlockMask | None = None,
+              causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale, masked) v over (batch, heads, seq, head_dim), visiting only unmasked blocks."""
+    _check(q, k, v, block_mask)
+    sq, sk, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    mask = block_mask
+    if causal:
+        bs = block_mask.block_size if block_mask is not None else 128
+        c = _causal(sq, sk, bs)
+        mask = c if block_mask is None else block_mask & c
+    if uses_kernel(q):
+        if mask is None:
+            mask = _dense(sq, sk, 128)
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        return _BlockSparseAttention.apply(q, k, v, mask, scale)
+    if q.shape[-1] not in KERNEL_HEAD_DIMS and (q.is_cuda or _interpreting()):
+        _warn_head_dim(q.shape[-1])
+    return reference(q, k, v, None if mask is None else mask.to_dense(), scale)
+
+
+@functools.lru_cache(maxsize=32)
+def _causal(sq: int, sk: int, bs: int) -> BlockMask:
+    return BlockMask.causal(sq, sk, block_size=bs)
+
+
+@functools.lru_cache(maxsize=32)
+def _dense(sq: int, sk: int, bs: int) -> BlockMask:
+    return BlockMask(sq, sk, bs, lambda b, q, k: (q >= 0) & (k >= 0))

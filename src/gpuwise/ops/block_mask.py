@@ -1,0 +1,226 @@
+"""Which (query block, key block) tiles attention must visit, and the element mask inside the partial ones.
+
+A ``BlockMask`` is defined by an element rule ``rule(b, q, k) -> bool`` (True: query ``q`` may attend to key
+``k`` in batch row ``b``), evaluated with NumPy one row of blocks at a time. Every tile is then *empty*
+(skipped), *full* (no element mask needed) or *partial* (its ``block_size x block_size`` element mask is
+stored). Out-of-range positions (sequences that are not a multiple of the block) do not count: the kernel
+masks them separately, so a tile that is whole within the sequence is full.
+
+Tables, per batch row (a leading dimension of 1 broadcasts over the batch), as FlexAttention lays them out:
+
+- ``kv_num_blocks[b, i]`` partial and ``full_kv_num_blocks[b, i]`` full key blocks of query block ``i``;
+  ``kv_indices[b, i, :]`` lists the partial ones then the full ones; ``kv_mask_ids`` the partial tiles'
+  rows in ``masks``;
+- ``q_num_blocks``, ``full_q_num_blocks``, ``q_indices``, ``q_mask_ids``: the same per key block (the
+  transposed view the backward pass walks to produce dK and dV without atomics).
+
+Masks are built with NumPy, never with torch, so building one inside the planner's fake-tensor mode costs
+nothing and its ``density`` is known there.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gpuwise.errors import GpuwiseError
+
+Rule = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (b, q, k) index grids -> bool
+EMPTY, PARTIAL, FULL = 0, 1, 2
+BLOCK_SIZES = (64, 128)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The mask as int32 tensors on one device (what the kernels read)."""
+
+    kv_num_blocks: torch.Tensor
+    full_kv_num_blocks: torch.Tensor
+    kv_indices: torch.Tensor
+    kv_mask_ids: torch.Tensor
+    q_num_blocks: torch.Tensor
+    full_q_num_blocks: torch.Tensor
+    q_indices: torch.Tensor
+    q_mask_ids: torch.Tensor
+    masks: torch.Tensor  # (partial tiles, block, block) int8: 1 attends
+
+
+def _ordered(kind: np.ndarray, mask_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of ``kind`` (..., n): partial count, full count, indices (partial first, then full), mask ids."""
+    partial, full = kind == PARTIAL, kind == FULL
+    # a stable sort on (not partial, not full) puts partial tiles first, then full ones, then empty ones
+    order = np.argsort(np.where(partial, 0, np.where(full, 1, 2)), axis=-1, kind="stable").astype(np.int32)
+    ids = np.take_along_axis(mask_id, order, axis=-1).astype(np.int32)
+    return (partial.sum(-1).astype(np.int32), full.sum(-1).astype(np.int32), order, ids)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockMask:
+    seq_q: int
+    seq_k: int
+    block_size: int
+    rule: Rule = field(repr=False)
+    batch: int = 1  # rows of the rule's batch dimension (1: the same mask for every batch row)
+    kind: np.ndarray = field(init=False, repr=False)  # (batch, nQ, nK): EMPTY, PARTIAL or FULL
+    mask_id: np.ndarray = field(init=False, repr=False)  # (batch, nQ, nK): row in masks, -1 if not partial
+    masks: np.ndarray = field(init=False, repr=False)  # (partial tiles, block, block) bool
+
+    def __post_init__(self) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise GpuwiseError(f"block_size {self.block_size} is not 64 or 128", "pass block_size=128 (or 64)")
+        if self.seq_q < 1 or self.seq_k < 1:
+            raise GpuwiseError(f"sequence lengths {self.seq_q} x {self.seq_k} must be positive", "")
+        bs = self.block_size
+        nq, nk = -(-self.seq_q // bs), -(-self.seq_k // bs)
+        kind = np.zeros((self.batch, nq, nk), np.int8)
+        mask_id = np.full((self.batch, nq, nk), -1, np.int32)
+        tiles: list[np.ndarray] = []
+        k = np.arange(nk * bs)
+        k_in = (k < self.seq_k).reshape(nk, bs)
+        for b in range(self.batch):
+            for i in range(nq):
+                q = np.arange(i * bs, (i + 1) * bs)
+                grid = np.broadcast_to(np.asarray(self.rule(np.full((1, 1), b), q[:, None], k[None, :]), bool),
+                                       (bs, nk * bs))
+                inside = (q < self.seq_q)[:, None, None] & k_in[None, :, :]  # (bs, nk, bs)
+                g = grid.reshape(bs, nk, bs)
+                anyb = (g & inside).any(axis=(0, 2))
+                allb = (g | ~inside).all(axis=(0, 2))
+                kind[b, i] = np.where(allb & inside.any(axis=(0, 2)), FULL, np.where(anyb, PARTIAL, EMPTY))
+                for j in np.flatnonzero(kind[b, i] == PARTIAL):
+                    mask_id[b, i, j] = len(tiles)
+                    tiles.append(g[:, j, :].copy())
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "mask_id", mask_id)
+        object.__setattr__(self, "masks", np.stack(tiles) if tiles else np.zeros((1, bs, bs), bool))
+
+    # -- constructors ------------------------------------------------------------------------------------
+
+    @classmethod
+    def causal(cls, seq_q: int, seq_k: int | None = None, block_size: int = 128) -> BlockMask:
+        """Query ``q`` attends to keys ``k <= q`` (top-left aligned, as SDPA's ``is_causal``)."""
+        return cls(seq_q, seq_q if seq_k is None else seq_k, block_size, lambda b, q, k: k <= q)
+
+    @classmethod
+    def sliding_window(cls, seq: int, window: int, block_size: int = 128) -> BlockMask:
+        """Causal within the last ``window`` keys: ``q - window < k <= q``."""
+        if window < 1:
+            raise GpuwiseError(f"window {window} must be at least 1", "pass the number of keys each query sees")
+        return cls(seq, seq, block_size, lambda b, q, k: (k <= q) & (k > q - window))
+
+    @classmethod
+    def document(cls, doc_ids, block_size: int = 128, causal: bool = False) -> BlockMask:
+        """Packed documents: a query attends only to keys of its own document (``doc_ids`` shaped (seq,) or
+        (batch, seq)); ``causal=True`` also keeps ``k <= q``."""
+        ids = np.asarray(doc_ids.cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[1] < 1:
+            raise GpuwiseError(f"doc_ids shaped {tuple(ids.shape)} is not (seq,) or (batch, seq)",
+                               "pass one document id per position")
+        seq = ids.shape[1]
+
+        def rule(b, q, k):
+            row = ids[b.reshape(-1)[0]]
+            same = row[np.minimum(q, seq - 1)] == row[np.minimum(k, seq - 1)]
+            return same & (k <= q) if causal else same
+
+        return cls(seq, seq, block_size, rule, batch=ids.shape[0])
+
+    @classmethod
+    def from_dense(cls, block_bool, block_size: int, seq_q: int | None = None, seq_k: int | None = None
+                   ) -> BlockMask:
+        """Whole blocks on or off: ``block_bool`` shaped (query blocks, key blocks) or (batch, ...)."""
+        blocks = np.asarray(block_bool.cpu() if isinstance(block_bool, torch.Tensor) else block_bool, bool)
+        if blocks.ndim == 2:
+            blocks = blocks[None]
+        if blocks.ndim != 3:
+            raise GpuwiseError(f"block_bool shaped {tuple(blocks.shape)} is not (q blocks, k blocks)",
+                               "pass a 2-D boolean array of blocks")
+        sq = seq_q or blocks.shape[1] * block_size
+        sk = seq_k or blocks.shape[2] * block_size
+        if -(-sq // block_size) != blocks.shape[1] or -(-sk // block_size) != blocks.shape[2]:
+            raise GpuwiseError(f"block_bool {tuple(blocks.shape[1:])} does not cover {sq} x {sk} in blocks of "
+                               f"{block_size}", "pass one entry per block")
+        return cls(sq, sk, block_size, lambda b, q, k: blocks[b.reshape(-1)[0], q // block_size, k // block_size],
+                   batch=blocks.shape[0])
+
+    def _combine(self, other: BlockMask, op) -> BlockMask:
+        if not isinstance(other, BlockMask):
+            return NotImplemented
+        if (self.seq_q, self.seq_k, self.block_size) != (other.seq_q, other.seq_k, other.block_size):
+            raise GpuwiseError(f"cannot combine a {self.seq_q}x{self.seq_k} mask of blocks {self.block_size} with "
+                               f"a {other.seq_q}x{other.seq_k} one of blocks {other.block_size}",
+                               "build both for the same lengths and block size")
+        if 1 not in (self.batch, other.batch) and self.batch != other.batch:
+            raise GpuwiseError(f"cannot combine masks for {self.batch} and {other.batch} batch rows", "")
+        a, a_rows, c, c_rows = self.rule, self.batch, other.rule, other.batch
+
+        def rule(b, q, k):  # a mask shared by every batch row is asked for row 0
+            left = a(b if a_rows > 1 else b * 0, q, k)
+            right = c(b if c_rows > 1 else b * 0, q, k)
+            return op(np.asarray(left, bool), np.asarray(right, bool))
+
+        return BlockMask(self.seq_q, self.seq_k, self.block_size, rule, batch=max(self.batch, other.batch))
+
+    def __and__(self, other: BlockMask) -> BlockMask:
+        return self._combine(other, np.logical_and)
+
+    def __or__(self, other: BlockMask) -> BlockMask:
+        return self._combine(other, np.logical_or)
+
+    # -- views ---------------------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.kind.shape  # type: ignore[return-value]
+
+    @property
+    def sparsity(self) -> float:
+        """The fraction of tiles skipped."""
+        return float((self.kind == EMPTY).mean())
+
+    @property
+    def density(self) -> float:
+        """The fraction of the dense attention work visited: tiles visited, each counting its in-range area."""
+        bs = self.block_size
+        rows = np.minimum(bs, self.seq_q - np.arange(self.kind.shape[1]) * bs)
+        cols = np.minimum(bs, self.seq_k - np.arange(self.kind.shape[2]) * bs)
+        area = rows[:, None] * cols[None, :]
+        return float(((self.kind != EMPTY) * area).sum() / (area.sum() * self.batch))
+
+    def to_dense(self, seq_q: int | None = None, seq_k: int | None = None) -> torch.Tensor:
+        """The element mask, (batch, seq_q, seq_k) bool (batch 1 when shared)."""
+        sq, sk = seq_q or self.seq_q, seq_k or self.seq_k
+        if (sq, sk) != (self.seq_q, self.seq_k):
+            raise GpuwiseError(f"the mask is for {self.seq_q} x {self.seq_k}, not {sq} x {sk}",
+                               "build the mask for the sequence lengths of q and k")
+        q, k = np.arange(sq)[:, None], np.arange(sk)[None, :]
+        out = np.stack([np.broadcast_to(np.asarray(self.rule(np.full((1, 1), b), q, k), bool), (sq, sk))
+                        for b in range(self.batch)])
+        return torch.from_numpy(out.copy())
+
+    @functools.cached_property
+    def _numpy_tables(self) -> dict[str, np.ndarray]:
+        kv = _ordered(self.kind, self.mask_id)
+        qt = _ordered(self.kind.transpose(0, 2, 1), self.mask_id.transpose(0, 2, 1))
+        return {"kv_num_blocks": kv[0], "full_kv_num_blocks": kv[1], "kv_indices": kv[2], "kv_mask_ids": kv[3],
+                "q_num_blocks": qt[0], "full_q_num_blocks": qt[1], "q_indices": qt[2], "q_mask_ids": qt[3],
+                "masks": self.masks.astype(np.int8)}
+
+    def tables(self, device: torch.device | str = "cpu") -> Tables:
+        """The int32 tables on ``device`` (cached per device)."""
+        key = str(torch.device(device))
+        cache = self.__dict__.setdefault("_device_tables", {})
+        if key not in cache:
+            cache[key] = Tables(**{name: torch.from_numpy(np.ascontiguousarray(a)).to(device)
+                                   for name, a in self._numpy_tables.items()})
+        return cache[key]
+
+    def __repr__(self) -> str:
+        return (f"BlockMask({self.seq_q}x{self.seq_k}, block {self.block_size}, batch {self.batch}, "
+                f"sparsity {self.sparsity:.1%})")

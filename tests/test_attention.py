@@ -1,0 +1,249 @@
+"""gpuwise.ops: BlockMask against brute-force element masks; the PyTorch path against float64 and gradcheck;
+the Triton kernels themselves (interpreted on the CPU: TRITON_INTERPRET=1 is set in conftest before they are
+defined; compiled on a GPU), forward and backward, under FlashAttention's test rule: the kernel's error
+against a float64 reference is at most twice PyTorch's own same-dtype computation's, plus a rounding floor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.ops import BlockMask, attention
+from gpuwise.ops.attention import reference, uses_kernel
+from gpuwise.ops.block_mask import EMPTY, FULL, PARTIAL
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HAS_KERNEL = uses_kernel(torch.empty(1, 1, 1, 64, device=DEVICE))
+needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason="Triton is not installed (pip install triton)")
+
+
+# -- BlockMask ---------------------------------------------------------------------------------------------
+
+
+def _rebuilt(mask: BlockMask) -> np.ndarray:
+    """The element mask as the kernels see it: full tiles all on, partial tiles from `masks`, empty off."""
+    bs = mask.block_size
+    nb, nq, nk = mask.kind.shape
+    out = np.zeros((nb, nq * bs, nk * bs), bool)
+    for b in range(nb):
+        for i in range(nq):
+            for j in range(nk):
+                tile = {EMPTY: False, FULL: True}.get(int(mask.kind[b, i, j]))
+                out[b, i * bs:(i + 1) * bs, j * bs:(j + 1) * bs] = (
+                    mask.masks[mask.mask_id[b, i, j]] if tile is None else tile)
+    return out[:, :mask.seq_q, :mask.seq_k]
+
+
+def test_causal_matches_flex_attentions_printed_example():
+    """FlexAttention's docs: causal 512 x 512 in blocks of 128 has one partial (diagonal) block per row, 0-3
+    full ones, and 37.5% sparsity."""
+    m = BlockMask.causal(512, 512, block_size=128)
+    t = m.tables()
+    assert t.kv_num_blocks.tolist() == [[1, 1, 1, 1]] and t.full_kv_num_blocks.tolist() == [[0, 1, 2, 3]]
+    assert m.sparsity == pytest.approx(0.375)
+    assert torch.equal(m.to_dense()[0], torch.ones(512, 512, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("make", [
+    lambda: BlockMask.causal(200, block_size=64),
+    lambda: BlockMask.causal(100, 300, block_size=64),
+    lambda: BlockMask.sliding_window(333, 70, block_size=64),
+    lambda: BlockMask.document([0] * 50 + [1] * 100 + [2] * 47, block_size=64),
+    lambda: BlockMask.document([[0] * 90 + [1] * 40, [0] * 10 + [1] * 120], block_size=64, causal=True),
+    lambda: BlockMask.from_dense(np.random.default_rng(0).random((3, 4)) < 0.5, 128, seq_q=300, seq_k=450),
+    lambda: BlockMask.causal(256, block_size=128) | BlockMask.document([0] * 100 + [1] * 156, block_size=128),
+    lambda: BlockMask.sliding_window(256, 40, block_size=64) & BlockMask.document([0] * 130 + [1] * 126, 64),
+], ids=["causal", "causal-rect", "window", "document", "doc-batch", "dense", "or", "and"])
+def test_tables_rebuild_the_element_mask(make):
+    mask = make()
+    dense = mask.to_dense().numpy()
+    assert np.array_equal(_rebuilt(mask), np.broadcast_to(dense, _rebuilt(mask).shape))
+    t = mask.tables()
+    for b in range(mask.batch):  # the transposed view lists the same tiles
+        rows = {(i, int(j)) for i in range(mask.kind.shape[1])
+                for j in t.kv_indices[b, i, :t.kv_num_blocks[b, i] + t.full_kv_num_blocks[b, i]]}
+        cols = {(int(i), j) for j in range(mask.kind.shape[2])
+                for i in t.q_indices[b, j, :t.q_num_blocks[b, j] + t.full_q_num_blocks[b, j]]}
+        assert rows == cols == {tuple(x) for x in np.argwhere(mask.kind[b] != EMPTY)}
+
+
+def test_combinations_are_the_element_wise_operations():
+    a = BlockMask.sliding_window(190, 50, block_size=64)
+    b = BlockMask.document([0] * 77 + [1] * 113, block_size=64)
+    assert torch.equal((a & b).to_dense(), a.to_dense() & b.to_dense())
+    assert torch.equal((a | b).to_dense(), a.to_dense() | b.to_dense())
+    assert (a & b).sparsity >= max(a.sparsity, b.sparsity)
+
+
+def test_odd_lengths_do_not_make_whole_tiles_partial():
+    m = BlockMask.from_dense([[True, True], [False, True]], 64, seq_q=100, seq_k=70)
+    assert (m.kind[0] == np.array([[FULL, FULL], [EMPTY, FULL]])).all()  # the ragged edge is the kernel's job
+    assert BlockMask.causal(100, block_size=64).kind[0, 1, 1] == PARTIAL
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: BlockMask.causal(128, block_size=96), "block_size 96 is not 64 or 128"),
+    (lambda: BlockMask.document(np.zeros((2, 2, 2)), 64), "is not (seq,) or (batch, seq)"),
+    (lambda: BlockMask.causal(128, block_size=64) & BlockMask.causal(128, block_size=128), "cannot combine"),
+    (lambda: BlockMask.from_dense([[True]], 64, seq_q=200), "does not cover 200 x 64"),
+    (lambda: BlockMask.sliding_window(64, 0), "window 0 must be at least 1"),
+])
+def test_bad_masks_are_one_line_errors(make, message):
+    with pytest.raises(GpuwiseError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make()
+
+
+# -- the PyTorch path ----------------------------------------------------------------------------------------
+
+
+def test_reference_is_sdpa_and_has_exact_gradients():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 37, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = BlockMask.causal(37, block_size=64).to_dense()
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(reference(q, k, v, mask, 16 ** -0.5), expected, atol=1e-12)
+    m = (BlockMask.document([0] * 5 + [1] * 8, block_size=64).to_dense()
+         & BlockMask.causal(13, block_size=64).to_dense())
+    small = [t.detach()[:1, :, :13, :4].clone().requires_grad_() for t in (q, k, v)]
+    small[1], small[2] = (t.detach()[:, :2].clone().requires_grad_() for t in small[1:])  # GQA: 4 heads over 2
+    assert torch.autograd.gradcheck(lambda q, k, v: reference(q, k, v, m, 0.3), tuple(small))
+
+
+def test_fully_masked_rows_give_zeros_and_zero_gradients_not_nan():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 64, requires_grad=True) for _ in range(3))
+    rows = torch.ones(64, 64, dtype=torch.bool)
+    rows[10:20] = False
+    block = BlockMask(64, 64, 64, lambda b, qi, ki: (qi < 10) | (qi >= 20) | (ki < 0))
+    assert torch.equal(block.to_dense()[0], rows)
+    out = attention(q, k, v, block_mask=block)
+    out.sum().backward()
+    assert torch.all(out[:, :, 10:20] == 0) and torch.isfinite(q.grad).all() and torch.all(q.grad[:, :, 10:20] == 0)
+
+
+def test_bad_inputs_are_one_line_errors():
+    q = torch.randn(1, 4, 8, 64)
+    with pytest.raises(GpuwiseError, match="grouped-query attention needs a divisor"):
+        attention(q, torch.randn(1, 3, 8, 64), torch.randn(1, 3, 8, 64))
+    with pytest.raises(GpuwiseError, match="the block mask is for 16 x 16, q and k are 8 x 8"):
+        attention(q, q, q, block_mask=BlockMask.causal(16, block_size=64))
+    with pytest.raises(GpuwiseError, match="must be 4-D"):
+        attention(q[0], q[0], q[0])
+
+
+# -- the Triton kernels -----------------------------------------------------------------------------------
+
+
+def _same_dtype(q, k, v, mask, scale):
+    """PyTorch's own computation in the inputs' dtype (the FlashAttention rule's yardstick)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if mask is not None:
+        m = mask.to(q.device)[:, None]
+        p = torch.softmax(s.masked_fill(~m, torch.finfo(s.dtype).min), -1) * (m & m.any(-1, keepdim=True))
+    else:
+        p = torch.softmax(s, -1)
+    return p.to(v.dtype) @ v
+
+
+def _compare(q, k, v, mask, *, causal=False):
+    """Kernel, float64 reference and same-dtype PyTorch: outputs and the three gradients."""
+    scale = q.shape[-1] ** -0.5
+    full = mask
+    if causal:
+        c = BlockMask.causal(q.shape[2], k.shape[2], block_size=mask.block_size if mask else 128)
+        full = c if mask is None else mask & c
+    dense = None if full is None else full.to_dense()
+    do = torch.randn_like(q)
+    results = {}
+    for name, fn, cast in (("kernel", lambda *t: attention(*t, block_mask=mask, causal=causal), None),
+                           ("f64", lambda *t: reference(*t, dense, scale), torch.float64),
+                           ("torch", lambda *t: _same_dtype(*t, dense, scale), None)):
+        leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves)
+        out.backward(do.to(out.dtype))
+        results[name] = [out.detach().double(), *(t.grad.double() for t in leaves)]
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        ref = results["f64"][i]
+        floor = 2 * ((ref.to(q.dtype).double() + 0.3 - 0.3) - ref).abs().max().item() + 1e-6
+        err = (results["kernel"][i] - ref).abs().max().item()
+        yardstick = (results["torch"][i] - ref).abs().max().item()
+        assert err <= 2 * yardstick + floor, f"{what}: kernel {err:.3g} vs torch {yardstick:.3g} (+{floor:.3g})"
+        assert torch.isfinite(results["kernel"][i]).all()
+
+
+def _qkv(b, h, hk, sq, sk, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
+    return make(b, h, sq, d), make(b, hk, sk, d), make(b, hk, sk, d)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize(("case", "mask", "causal", "shape"), [
+    ("dense", None, False, (1, 2, 2, 100, 100)),
+    ("causal", None, True, (1, 2, 2, 130, 130)),
+    ("window", BlockMask.sliding_window(200, 48, block_size=64), False, (1, 2, 1, 200, 200)),
+    ("document", BlockMask.document([0] * 70 + [1] * 60 + [2] * 61, block_size=64), False, (1, 2, 2, 191, 191)),
+    ("doc-causal-gqa", BlockMask.document([0] * 100 + [1] * 92, block_size=64), True, (1, 4, 2, 192, 192)),
+    ("random", BlockMask.from_dense(np.random.default_rng(3).random((3, 4)) < 0.4, 64, seq_q=150, seq_k=201),
+     False, (2, 1, 1, 150, 201)),
+])
+def test_kernel_forward_and_backward_against_float64(dtype, case, mask, causal, shape):
+    b, h, hk, sq, sk = shape
+    _compare(*_qkv(b, h, hk, sq, sk, 64, dtype), mask, causal=causal)
+
+
+@needs_kernel
+def test_kernel_head_dim_128_block_128_and_rows_with_nothing_to_attend():
+    q, k, v = _qkv(1, 2, 1, 140, 140, 128, torch.float16, seed=1)
+    empty = np.array([[True, False], [False, False]])  # the second query block sees nothing
+    mask = BlockMask.from_dense(empty, 128, seq_q=140, seq_k=140)
+    _compare(q, k, v, mask)
+    out = attention(q, k, v, block_mask=mask)
+    assert torch.all(out[:, :, 128:] == 0)
+    _compare(q, k, v, BlockMask.causal(140, block_size=128))
+
+
+@needs_kernel
+def test_kernel_is_deterministic():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 4, 2, 130, 130, 64, torch.float32, seed=2))
+    grads = []
+    for _ in range(2):
+        for t in (q, k, v):
+            t.grad = None
+        attention(q, k, v, causal=True).sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v)])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
+def test_other_head_dims_fall_back_with_one_warning():
+    q = torch.randn(1, 2, 20, 32, device=DEVICE)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with pytest.warns(UserWarning, match="head_dim 32 has no kernel") if HAS_KERNEL else _nothing():
+        out = attention(q, q, q, causal=True)
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_sparsity_and_density_count_the_tiles():
+    m = BlockMask.causal(1024, block_size=128)
+    n = 1024 // 128
+    assert m.sparsity == pytest.approx(1 - (n * (n + 1) / 2) / n**2)
+    assert m.density == pytest.approx((n * (n + 1) / 2) / n**2)
+    assert math.isclose(BlockMask.from_dense(np.eye(4, dtype=bool), 64).density, 0.25)
