@@ -139,6 +139,8 @@ def plan(
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
+    attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
+                                                       "built-in GPT and Llama models.")] = None,
     gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
                                                  "fit (default: every catalog GPU; remedies for this machine's "
                                                  "GPU, else h100-sxm).")] = None,
@@ -178,7 +180,7 @@ def plan(
                            "add --task finetune-lora")
     given = {"task": task, "batch": batch, "seq": seq, "image_size": image_size, "precision": precision,
              "optimizer": optimizer, "checkpointing": checkpointing, "grad_accum": grad_accum, "gpus": n_gpus,
-             "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None}
+             "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     setup = Setup(**{k: v for k, v in given.items() if v is not None})
     primary = None
     if gpu is None:  # remedies for this machine's GPU when the catalog knows it

@@ -11,3 +11,15 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (K, V) pair per block, 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy over a (B, T, V) logits tensor."""
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
+    """Causal attention over (B, heads, T, head_dim), k and v possibly with fewer heads (GQA): PyTorch's SDPA,
+    or gpuwise's block-sparse FlashAttention kernel (``impl="gpuwise"``)."""
+    if impl == "gpuwise":
+        from gpuwise.ops import attention
+
+        return attention(q, k, v, causal=True)
+    if impl != "sdpa":
+        raise ValueError(f"attn_impl {impl!r} is not sdpa or gpuwise")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])

@@ -1,5 +1,6 @@
 """GPT-2 (Radford et al. 2019), written as nanoGPT writes it: pre-LayerNorm blocks, a 4h GELU MLP,
-learned positions and an LM head tied to the token embedding. Attention runs through SDPA."""
+learned positions and an LM head tied to the token embedding. Attention runs through SDPA, or through
+gpuwise's own kernel with ``attn_impl="gpuwise"``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.models.common import KVCache, lm_loss
+from gpuwise.models.common import KVCache, causal_attention, lm_loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,12 +21,14 @@ class GPTConfig:
     n_embd: int
     vocab_size: int = 50257
     block_size: int = 1024  # learned positions, hence the longest sequence
+    attn_impl: str = "sdpa"  # or "gpuwise": gpuwise.ops.attention (block-sparse FlashAttention in Triton)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
+        self.attn_impl = cfg.attn_impl
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
@@ -37,7 +40,7 @@ class CausalSelfAttention(nn.Module):
             cache[0][:, :, :t].copy_(k)
             cache[1][:, :, :t].copy_(v)
             k, v = cache[0][:, :, :t], cache[1][:, :, :t]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = causal_attention(q, k, v, self.attn_impl)
         return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.models.common import KVCache, lm_loss
+from gpuwise.models.common import KVCache, causal_attention, lm_loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +23,7 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    attn_impl: str = "sdpa"  # or "gpuwise": gpuwise.ops.attention (block-sparse FlashAttention in Triton)
 
 
 class RMSNorm(nn.Module):
@@ -46,6 +47,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.n_head, self.n_kv_head = cfg.n_head, cfg.n_kv_head
+        self.attn_impl = cfg.attn_impl
         self.head_dim = cfg.dim // cfg.n_head
         self.wq = nn.Linear(cfg.dim, cfg.n_head * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_head * self.head_dim, bias=False)
@@ -62,7 +64,7 @@ class Attention(nn.Module):
             cache[0][:, :, :t].copy_(k)
             cache[1][:, :, :t].copy_(v)
             k, v = cache[0][:, :, :t], cache[1][:, :, :t]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head)
+        y = causal_attention(q, k, v, self.attn_impl)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -134,6 +134,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_mask: 
         bs = block_mask.block_size if block_mask is not None else 128
         c = _causal(sq, sk, bs)
         mask = c if block_mask is None else block_mask & c
+    if _is_fake(q):  # inside the planner: an op it can cost from the visited tiles, with the kernel's memory
+        out, _ = torch.ops.gpuwise.attention_cost(q, k, v, scale, 1.0 if mask is None else mask.density)
+        return out
     if uses_kernel(q):
         if mask is None:
             mask = _dense(sq, sk, 128)
@@ -152,3 +155,49 @@ def _causal(sq: int, sk: int, bs: int) -> BlockMask:
 @functools.lru_cache(maxsize=32)
 def _dense(sq: int, sk: int, bs: int) -> BlockMask:
     return BlockMask(sq, sk, bs, lambda b, q, k: (q >= 0) & (k >= 0))
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.device.type == "meta"
+
+
+# What the planner sees on fake tensors: the kernel's outputs (O in q's layout and an fp32 log-sum-exp per
+# row, both kept for the backward) and, through ``density``, the FLOPs of the visited tiles only.
+@torch.library.custom_op("gpuwise::attention_cost", mutates_args=())
+def _attention_cost(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, density: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    raise GpuwiseError("gpuwise::attention_cost runs on fake tensors only", "call gpuwise.ops.attention")
+
+
+@_attention_cost.register_fake
+def _(q, k, v, scale, density):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("gpuwise::attention_cost_backward", mutates_args=())
+def _attention_cost_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             o: torch.Tensor, lse: torch.Tensor, scale: float, density: float
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    raise GpuwiseError("gpuwise::attention_cost_backward runs on fake tensors only", "call gpuwise.ops.attention")
+
+
+@_attention_cost_backward.register_fake
+def _(do, q, k, v, o, lse, scale, density):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _cost_setup(ctx, inputs, output) -> None:
+    q, k, v, scale, density = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.scale, ctx.density = scale, density
+
+
+def _cost_backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gpuwise.attention_cost_backward(do, q, k, v, o, lse, ctx.scale, ctx.density)
+    return dq, dk, dv, None, None
+
+
+_attention_cost.register_autograd(_cost_backward, setup_context=_cost_setup)

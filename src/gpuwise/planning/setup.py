@@ -14,6 +14,7 @@ Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16"]
 Optimizer = Literal["adamw", "sgd"]
 Checkpointing = Literal["none", "full"]
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
+Attention = Literal["sdpa", "gpuwise"]
 
 MAX_BATCH = 1 << 20
 MAX_ACCUM = 1 << 16
@@ -52,6 +53,7 @@ class Setup:
     sharding: Sharding = "ddp"
     lora_rank: int = 16  # used by finetune-lora
     qlora: bool = False  # finetune-lora with the frozen base stored in 4 bits (NF4 + double quantisation)
+    attention: Attention = "sdpa"  # the built-in GPT and Llama models: SDPA or gpuwise.ops.attention
 
     def __post_init__(self) -> None:
         _choice("task", self.task, Task)
@@ -59,6 +61,7 @@ class Setup:
         _choice("optimizer", self.optimizer, Optimizer)
         _choice("checkpointing", self.checkpointing, Checkpointing)
         _choice("sharding", self.sharding, Sharding)
+        _choice("attention", self.attention, Attention)
         _positive("batch", self.batch, MAX_BATCH)
         _positive("seq", self.seq, 1 << 24)
         _positive("image_size", self.image_size, 1 << 14)

@@ -10,7 +10,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -58,6 +58,9 @@ class ZooSource:
 
     def check(self, setup: Setup) -> None:
         z = self.zoo
+        if setup.attention != "sdpa" and not hasattr(z.config, "attn_impl"):
+            raise GpuwiseError(f"--attention {setup.attention} applies to the GPT and Llama models, not {z.name}",
+                               "drop --attention")
         if setup.seq is not None and z.inputs != "tokens":
             raise GpuwiseError(f"--seq does not apply to {z.name}, which takes {z.inputs}",
                                "use --image-size for image models" if z.inputs == "image" else "drop --seq")
@@ -80,6 +83,8 @@ class ZooSource:
 
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
         z = self.zoo
+        if setup.attention != "sdpa":
+            z = replace(z, config=replace(z.config, attn_impl=setup.attention))
         model = z.instantiate(n_layer)
         in_dtype = setup.compute_dtype if setup.precision == "bf16" or not setup.training else torch.float32
         inputs, targets = z.make_inputs(batch, seq=setup.seq, image_size=setup.image_size, dtype=in_dtype)
@@ -132,6 +137,9 @@ class FileSource:
     n_layer = None
 
     def check(self, setup: Setup) -> None:
+        if setup.attention != "sdpa":
+            raise GpuwiseError("--attention applies to the built-in GPT and Llama models",
+                               "call gpuwise.ops.attention in your model instead")
         if setup.seq is not None or setup.image_size is not None:
             raise GpuwiseError("--seq and --image-size do not apply to a model from a file",
                                "size the inputs in your function; it receives batch_size only")
@@ -226,6 +234,9 @@ class HFSource:
         return None
 
     def check(self, setup: Setup) -> None:
+        if setup.attention != "sdpa":
+            raise GpuwiseError("--attention applies to the built-in GPT and Llama models",
+                               "plan a built-in model, e.g. --model llama3-8b --attention gpuwise")
         if setup.image_size is not None:
             raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
         if setup.seq is not None and self.max_positions is not None and setup.seq > self.max_positions:

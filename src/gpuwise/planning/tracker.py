@@ -82,6 +82,11 @@ def op_flops(func, args, kwargs, out) -> int | None:
         # (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, ...)
         causal = bool(args[7]) if len(args) > 7 else bool(kwargs.get("is_causal", False))
         return _sdpa_forward_flops(args[1], args[2], causal) * 5 // 2
+    if func.namespace == "gpuwise":  # gpuwise.ops.attention: the visited tiles' share of the dense work
+        if packet.__name__ == "attention_cost":
+            return int(_sdpa_forward_flops(args[0], args[1], False) * args[4])
+        if packet.__name__ == "attention_cost_backward":
+            return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 5 / 2)
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
     name = packet.__name__
