@@ -64,11 +64,17 @@ _BWD = _configs(("BLOCK_M", "BLOCK_N"), [(64, 128, 8, 3), (64, 64, 4, 3), (32, 1
 
 
 def _prune(configs, named_args, **kwargs):
+    """Tiles that divide the mask's blocks; big tiles at head_dim 128 only with 8 warps; fp32 (IEEE dots, slow
+    to compile at large tiles and no tensor-core speed to tune for) one small tile."""
     bs = named_args["BS"] if "BS" in named_args else kwargs["BS"]
     d = named_args["D"] if "D" in named_args else kwargs["D"]
+    q = named_args.get("Q")
+    fallback = triton.Config({"BLOCK_M": min(64, bs), "BLOCK_N": min(64, bs)}, num_warps=4, num_stages=2)
+    if q is not None and q.dtype == torch.float32:  # about a minute of one-time compilation at head_dim 128
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     kept = [c for c in configs if bs % c.kwargs["BLOCK_M"] == 0 and bs % c.kwargs["BLOCK_N"] == 0
             and not (d == 128 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 64 and c.num_warps < 8)]
-    return kept or [triton.Config({"BLOCK_M": min(64, bs), "BLOCK_N": min(64, bs)}, num_warps=4, num_stages=2)]
+    return kept or [fallback]
 
 
 def _tuned(configs, key):
