@@ -84,6 +84,12 @@ def _tuned(configs, key):
 
 
 @triton.jit
+def _rows(base, stride, offs, offs_d, n):
+    """Rows ``offs`` (those below ``n``; zeros past it) of a (seq, head_dim) matrix with row stride ``stride``."""
+    return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=(offs < n)[:, None], other=0.0)
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_n, offs_m, offs_d, seq_k,
               mask_base, q_local, k_local0, qk_scale,
               BS: tl.constexpr, BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr,
@@ -91,7 +97,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_n, o
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_k = offs_n < seq_k
     k = tl.load(k_base + offs_n[None, :] * stride_ks + offs_d[:, None], mask=in_k[None, :], other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :], mask=in_k[:, None], other=0.0)
+    v = _rows(v_base, stride_vs, offs_n, offs_d, seq_k)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -127,8 +133,7 @@ def _attn_fwd(Q, K, V, OUT, LSE, KV_NUM, KV_FULL, KV_IDX, KV_MID, MASKS, qk_scal
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     in_q = offs_m < SEQ_Q
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
-                mask=in_q[:, None], other=0.0)
+    q = _rows(Q + b * stride_qb + h * stride_qh, stride_qs, offs_m, offs_d, SEQ_Q)
     if UPCAST:
         q = q.to(tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
@@ -169,8 +174,8 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, s
                PREC: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     in_q = offs_m < seq_q
-    q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=in_q[:, None], other=0.0)
-    do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_d[None, :], mask=in_q[:, None], other=0.0)
+    q = _rows(q_base, stride_qs, offs_m, offs_d, seq_q)
+    do = _rows(do_base, stride_dos, offs_m, offs_d, seq_q)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -206,10 +211,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, Q_NUM, Q_FULL, Q_IDX, Q_MID,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     in_k = offs_n < SEQ_K
-    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :],
-                mask=in_k[:, None], other=0.0)
-    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :],
-                mask=in_k[:, None], other=0.0)
+    k = _rows(K + b * stride_kb + hk * stride_kh, stride_ks, offs_n, offs_d, SEQ_K)
+    v = _rows(V + b * stride_vb + hk * stride_vh, stride_vs, offs_n, offs_d, SEQ_K)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -251,8 +254,8 @@ def _dq_tile(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, start_
              PREC: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     in_k = offs_n < seq_k
-    k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :], mask=in_k[:, None], other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :], mask=in_k[:, None], other=0.0)
+    k = _rows(k_base, stride_ks, offs_n, offs_d, seq_k)
+    v = _rows(v_base, stride_vs, offs_n, offs_d, seq_k)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -286,10 +289,8 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_NUM, KV_FULL, KV_IDX, KV_MID, M
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     in_q = offs_m < SEQ_Q
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :],
-                mask=in_q[:, None], other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
-                 mask=in_q[:, None], other=0.0)
+    q = _rows(Q + b * stride_qb + h * stride_qh, stride_qs, offs_m, offs_d, SEQ_Q)
+    do = _rows(DO + b * stride_dob + h * stride_doh, stride_dos, offs_m, offs_d, SEQ_Q)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)

@@ -163,21 +163,22 @@ class FileSource:
         return build_function(self.name, self.load(), setup, batch)
 
 
-def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int) -> Built:
-    """The step of a model built by ``fn(batch) -> (model, inputs)``; the loss is the output if it is a
-    scalar, else the mean square of the output."""
+def call_model_function(name: str, fn: Callable[[int], Any], batch: int, *, fake: bool = True
+                        ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """``fn(batch)``, checked to return ``(model, inputs)``; its errors become one line."""
     try:
         result = fn(batch)
     except GpuwiseError:
         raise
     except Exception as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if "Couldn't swap" in text or "not linked with support for cuda" in text.lower():
+        if fake and ("Couldn't swap" in text or "not linked with support for cuda" in text.lower()):
             raise GpuwiseError(f"{name}({batch}) moves or converts the model ({text})",
                                "build it on the CPU in its default dtype, with no .to()/.cuda()/.half(): "
                                "--precision chooses the dtype and the plan is for the GPU") from exc
         raise GpuwiseError(f"{name}({batch}) raised {type(exc).__name__}: {text}",
-                           "fix the function; it runs on fake tensors, so it must not read tensor values") from exc
+                           "fix the function; it runs on fake tensors, so it must not read tensor values" if fake
+                           else "fix the function; run the file with python to see the traceback") from exc
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
         raise GpuwiseError(f"{name}({batch}) must return (model, inputs)",
                            "return an nn.Module and a tensor or a tuple of tensors")
@@ -186,6 +187,13 @@ def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int
     if not all(isinstance(t, torch.Tensor) for t in inputs):
         raise GpuwiseError(f"{name}({batch}) returned inputs that are not tensors",
                            "return a tensor or a tuple of tensors as inputs")
+    return model, inputs
+
+
+def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int) -> Built:
+    """The step of a model built by ``fn(batch) -> (model, inputs)``; the loss is the output if it is a
+    scalar, else the mean square of the output."""
+    model, inputs = call_model_function(name, fn, batch)
 
     def run(model, inputs, targets, kv_cache):
         out = model(*inputs)

@@ -112,23 +112,14 @@ def _function(spec: str, flag: str) -> tuple[Path, str]:
 def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, workers: int) -> Task:
     """``function(batch_size)`` returns ``(model, inputs)`` as for ``gpuwise plan``; ``--data``'s function
     returns a Dataset of ``(input, target)`` items (or ``(train, val)`` Datasets)."""
-    from gpuwise.planning.source import FileSource
+    from gpuwise.planning.source import FileSource, call_model_function
 
     path, name = _function(model_spec, "--model")
     source = FileSource(path=path, function=name)
     fn = source.load()
 
     def build_real(rows: int):
-        try:
-            result = fn(rows)
-        except Exception as exc:
-            raise GpuwiseError(f"{source.name}({rows}) raised {type(exc).__name__}: {exc}",
-                               "fix the function; run the file with python to see the traceback") from exc
-        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
-            raise GpuwiseError(f"{source.name}({rows}) must return (model, inputs)",
-                               "return an nn.Module and a tensor or a tuple of tensors")
-        model, inputs = result
-        return model, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        return call_model_function(source.name, fn, rows, fake=False)
 
     if data_spec is None:
         with torch.random.fork_rng(devices=[]):  # the same example inputs in every run and every process
