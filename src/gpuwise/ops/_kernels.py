@@ -90,6 +90,16 @@ def _rows(base, stride, offs, offs_d, n):
 
 
 @triton.jit
+def _query_tile(H, GROUP, BS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's (batch x head) index, batch, head, key head, query block, query rows and head dims."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    h = pid_bh % H
+    return pid_bh, pid_bh // H, h, h // GROUP, (pid_m * BLOCK_M) // BS, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), \
+        tl.arange(0, D)
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_n, offs_m, offs_d, seq_k,
               mask_base, q_local, k_local0, qk_scale,
               BS: tl.constexpr, BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr, UPCAST: tl.constexpr,
@@ -124,14 +134,7 @@ def _attn_fwd(Q, K, V, OUT, LSE, KV_NUM, KV_FULL, KV_IDX, KV_MID, MASKS, qk_scal
               stride_ob, stride_oh, stride_os, H, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH,
               BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    qb = (pid_m * BLOCK_M) // BS
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
+    pid_bh, b, h, hk, qb, offs_m, offs_d = _query_tile(H, GROUP, BS, D, BLOCK_M)
     in_q = offs_m < SEQ_Q
     q = _rows(Q + b * stride_qb + h * stride_qh, stride_qs, offs_m, offs_d, SEQ_Q)
     if UPCAST:
@@ -280,14 +283,7 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_NUM, KV_FULL, KV_IDX, KV_MID, M
                  H, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH,
                  BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    qb = (pid_m * BLOCK_M) // BS
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
+    pid_bh, b, h, hk, qb, offs_m, offs_d = _query_tile(H, GROUP, BS, D, BLOCK_M)
     in_q = offs_m < SEQ_Q
     q = _rows(Q + b * stride_qb + h * stride_qh, stride_qs, offs_m, offs_d, SEQ_Q)
     do = _rows(DO + b * stride_dob + h * stride_doh, stride_dos, offs_m, offs_d, SEQ_Q)
