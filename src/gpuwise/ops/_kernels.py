@@ -93,7 +93,7 @@ def _rows(base, stride, offs, offs_d, n):
 def _query_tile(H, GROUP, BS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
     """This program's (batch x head) index, batch, head, key head, query block, query rows and head dims."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # batch offsets past 2^31 elements stay exact
     h = pid_bh % H
     return pid_bh, pid_bh // H, h, h // GROUP, (pid_m * BLOCK_M) // BS, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), \
         tl.arange(0, D)
@@ -207,7 +207,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, Q_NUM, Q_FULL, Q_IDX, Q_MID,
                    BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # batch offsets past 2^31 elements stay exact
     b = pid_bh // HK
     hk = pid_bh % HK
     kb = (pid_n * BLOCK_N) // BS
