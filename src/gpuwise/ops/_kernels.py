@@ -91,12 +91,24 @@ def _rows(base, stride, offs, offs_d, n):
 
 @triton.jit
 def _query_tile(H, GROUP, BS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
-    """This program's (batch x head) index, batch, head, key head, query block, query rows and head dims."""
+    """This program's (batch x head) index, batch, head, key head, query block, query rows and head dims. The
+    grid is (query tiles, heads, batch): neighbouring programs share a head's K and V in L2, and neither
+    heads nor batch meets CUDA's 65,535 limit on the second and third grid axes at real sizes."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)  # batch offsets past 2^31 elements stay exact
-    h = pid_bh % H
-    return pid_bh, pid_bh // H, h, h // GROUP, (pid_m * BLOCK_M) // BS, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), \
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)  # batch offsets past 2^31 elements stay exact
+    return b * H + h, b, h, h // GROUP, (pid_m * BLOCK_M) // BS, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), \
         tl.arange(0, D)
+
+
+@triton.jit
+def _attn_bwd_delta(OUT, DO, DELTA, stride_ob, stride_oh, stride_os, stride_dob, stride_doh, stride_dos, H, SEQ_Q,
+                    D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """rowsum(O * dO) in fp32 per query row, a tile at a time (no full-size fp32 copies of O and dO)."""
+    pid_bh, b, h, _, _, offs_m, offs_d = _query_tile(H, 1, BLOCK_M, D, BLOCK_M)
+    o = _rows(OUT + b * stride_ob + h * stride_oh, stride_os, offs_m, offs_d, SEQ_Q).to(tl.float32)
+    do = _rows(DO + b * stride_dob + h * stride_doh, stride_dos, offs_m, offs_d, SEQ_Q).to(tl.float32)
+    tl.store(DELTA + pid_bh * SEQ_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < SEQ_Q)
 
 
 @triton.jit
@@ -207,9 +219,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, Q_NUM, Q_FULL, Q_IDX, Q_MID,
                    BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)  # batch offsets past 2^31 elements stay exact
-    b = pid_bh // HK
-    hk = pid_bh % HK
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)  # batch offsets past 2^31 elements stay exact
     kb = (pid_n * BLOCK_N) // BS
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
@@ -245,7 +256,7 @@ def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, Q_NUM, Q_FULL, Q_IDX, Q_MID,
                                     qb * BS + sub * BLOCK_M, offs_n, offs_d, SEQ_Q, SEQ_K, MASKS, k_local,
                                     sub * BLOCK_M, qk_scale, BS, BLOCK_M, False, UPCAST, PREC)
     dk = dk * sm_scale
-    out = b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
+    out = b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]  # DK and DV alike
     tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=in_k[:, None])
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=in_k[:, None])
 
@@ -341,7 +352,7 @@ def forward(q, k, v, tables, mask, scale: float) -> tuple[torch.Tensor, torch.Te
     n_qb, n_kb = tables.kv_indices.shape[1], tables.kv_indices.shape[2]
 
     def grid(meta):
-        return (triton.cdiv(sq, meta["BLOCK_M"]), b * h)
+        return (triton.cdiv(sq, meta["BLOCK_M"]), h, b)
 
     _fwd_kernel[grid](q, k, v, o, lse, tables.kv_num_blocks, tables.full_kv_num_blocks, tables.kv_indices,
                       tables.kv_mask_ids, tables.masks, scale * LOG2E,
@@ -356,15 +367,20 @@ def backward(do, q, k, v, o, lse, tables, mask, scale: float) -> tuple[torch.Ten
     hk, sk = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
         do = do.contiguous()
-    delta = (o.float() * do.float()).sum(-1).contiguous()  # rowsum(O * dO), (B, H, Sq)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    delta = torch.empty((b, h, sq), device=q.device, dtype=torch.float32)  # rowsum(O * dO)
+    _attn_bwd_delta[(triton.cdiv(sq, 64), h, b)](o, do, delta, *o.stride()[:3], *do.stride()[:3], h, sq, D=d,
+                                                 BLOCK_M=64)
+    # dK and dV in one layout (k and v may differ: a view and a copy), which the kernel writes both with
+    dq = torch.empty_like(q)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
     bs = mask.block_size
     n_qb, n_kb = tables.kv_indices.shape[1], tables.kv_indices.shape[2]
     mask_batch = tables.kv_num_blocks.shape[0]
     common = {**_common(q), **_fixed(bs)}
 
     def grid_k(meta):
-        return (triton.cdiv(sk, meta["BLOCK_N"]), b * hk)
+        return (triton.cdiv(sk, meta["BLOCK_N"]), hk, b)
 
     _dkdv_kernel[grid_k](q, k, v, do, lse, delta, dk, dv, tables.q_num_blocks, tables.full_q_num_blocks,
                          tables.q_indices, tables.q_mask_ids, tables.masks, scale * LOG2E, scale,
@@ -372,7 +388,7 @@ def backward(do, q, k, v, o, lse, tables, mask, scale: float) -> tuple[torch.Ten
                          h, hk, h // hk, sq, sk, n_qb, n_kb, mask_batch, BS=bs, D=d, **common)
 
     def grid_q(meta):
-        return (triton.cdiv(sq, meta["BLOCK_M"]), b * h)
+        return (triton.cdiv(sq, meta["BLOCK_M"]), h, b)
 
     _dq_kernel[grid_q](q, k, v, do, lse, delta, dq, tables.kv_num_blocks, tables.full_kv_num_blocks,
                        tables.kv_indices, tables.kv_mask_ids, tables.masks, scale * LOG2E, scale,

@@ -88,16 +88,21 @@ class _BlockSparseAttention(torch.autograd.Function):
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _kernels().backward(do, q, k, v, o, lse, ctx.mask.tables(q.device), ctx.mask, ctx.scale)
         return dq, dk, dv, None, None
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None, scale) -> None:
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
         raise GpuwiseError("q, k and v must be 4-D tensors (batch, heads, seq, head_dim)",
                            "reshape with .view(b, s, h, d).transpose(1, 2)")
+    if not q.is_floating_point():
+        raise GpuwiseError(f"q, k and v are {q.dtype}, not floating point", "pass bf16, fp16 or fp32 tensors")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise GpuwiseError(f"scale {scale!r} is not a number", "pass e.g. scale=0.125, or leave it out")
     (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = q.shape, k.shape, v.shape
     if (bk, hk, sk, dk) != (bv, hv, sv, dv):
         raise GpuwiseError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ", "give k and v the same shape")
@@ -126,17 +131,16 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockM
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_mask: BlockMask | None = None,
               causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale, masked) v over (batch, heads, seq, head_dim), visiting only unmasked blocks."""
-    _check(q, k, v, block_mask)
+    _check(q, k, v, block_mask, scale)
     sq, sk, d = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     mask = block_mask
     if causal:
-        bs = block_mask.block_size if block_mask is not None else 128
-        c = _causal(sq, sk, bs)
-        mask = c if block_mask is None else block_mask & c
-    if _is_fake(q):  # inside the planner: an op it can cost from the visited tiles, with the kernel's memory
+        mask = _causal(sq, sk, 128) if block_mask is None else block_mask.with_causal()
+    kernel_shape = q.dtype in _DTYPES and d in KERNEL_HEAD_DIMS
+    if _is_fake(q) and kernel_shape:  # inside the planner: an op costed from the visited tiles, with the
         out, _ = torch.ops.gpuwise.attention_cost(q, k, v, scale, 1.0 if mask is None else mask.density)
-        return out
+        return out  # kernel's memory (the PyTorch path below is costed as what it is)
     if uses_kernel(q):
         if mask is None:
             mask = _dense(sq, sk, 128)

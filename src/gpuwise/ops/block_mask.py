@@ -116,7 +116,11 @@ class BlockMask:
     def document(cls, doc_ids, block_size: int = 128, causal: bool = False) -> BlockMask:
         """Packed documents: a query attends only to keys of its own document (``doc_ids`` shaped (seq,) or
         (batch, seq)); ``causal=True`` also keeps ``k <= q``."""
-        ids = np.asarray(doc_ids.cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids)
+        try:
+            ids = np.asarray(doc_ids.cpu() if isinstance(doc_ids, torch.Tensor) else doc_ids)
+        except ValueError:  # ragged lists
+            raise GpuwiseError("doc_ids rows have different lengths", "pass one id per position, every row "
+                               "as long as the sequence") from None
         if ids.ndim == 1:
             ids = ids[None]
         if ids.ndim != 2 or ids.shape[1] < 1:
@@ -166,6 +170,13 @@ class BlockMask:
             return op(np.asarray(left, bool), np.asarray(right, bool))
 
         return BlockMask(self.seq_q, self.seq_k, self.block_size, rule, batch=max(self.batch, other.batch))
+
+    def with_causal(self) -> BlockMask:
+        """``self & causal``, built once per mask (``attention(..., causal=True)`` asks for it every call)."""
+        cache = self.__dict__.setdefault("_with_causal", [])
+        if not cache:
+            cache.append(self & BlockMask.causal(self.seq_q, self.seq_k, self.block_size))
+        return cache[0]
 
     def __and__(self, other: BlockMask) -> BlockMask:
         return self._combine(other, np.logical_and)

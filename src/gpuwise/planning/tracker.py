@@ -85,8 +85,8 @@ def op_flops(func, args, kwargs, out) -> int | None:
     if func.namespace == "gpuwise":  # gpuwise.ops.attention: the visited tiles' share of the dense work
         if packet.__name__ == "attention_cost":
             return int(_sdpa_forward_flops(args[0], args[1], False) * args[4])
-        if packet.__name__ == "attention_cost_backward":
-            return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 5 / 2)
+        if packet.__name__ == "attention_cost_backward":  # 7 tile matmuls to the forward's 2: without atomics
+            return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 7 / 2)  # QK^T and dP run twice
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
     name = packet.__name__
