@@ -57,7 +57,10 @@ def test_causal_matches_flex_attentions_printed_example():
     lambda: BlockMask.from_dense(np.random.default_rng(0).random((3, 4)) < 0.5, 128, seq_q=300, seq_k=450),
     lambda: BlockMask.causal(256, block_size=128) | BlockMask.document([0] * 100 + [1] * 156, block_size=128),
     lambda: BlockMask.sliding_window(256, 40, block_size=64) & BlockMask.document([0] * 130 + [1] * 126, 64),
-], ids=["causal", "causal-rect", "window", "document", "doc-batch", "dense", "or", "and"])
+    lambda: BlockMask.document([0] * 30 + [1] * 140 + [0] * 50, block_size=64),  # not in order: no closed form
+    lambda: BlockMask.document([0] * 60 + [7] * 10 + [9] * 58, block_size=64, causal=True),
+], ids=["causal", "causal-rect", "window", "document", "doc-batch", "dense", "or", "and", "doc-unordered",
+        "doc-gaps"])
 def test_tables_rebuild_the_element_mask(make):
     mask = make()
     dense = mask.to_dense().numpy()

@@ -65,6 +65,9 @@ class BlockMask:
     block_size: int
     rule: Rule = field(repr=False)
     batch: int = 1  # rows of the rule's batch dimension (1: the same mask for every batch row)
+    # optional closed form of the tiles' kinds, tiles(b, q_lo, q_hi, k_lo, k_hi) with inclusive in-range bounds
+    # shaped (nQ, 1) and (1, nK); PARTIAL marks a tile to evaluate element by element
+    tiles: Callable[..., np.ndarray] | None = field(default=None, repr=False)
     kind: np.ndarray = field(init=False, repr=False)  # (batch, nQ, nK): EMPTY, PARTIAL or FULL
     mask_id: np.ndarray = field(init=False, repr=False)  # (batch, nQ, nK): row in masks, -1 if not partial
     masks: np.ndarray = field(init=False, repr=False)  # (partial tiles, block, block) bool
@@ -76,41 +79,64 @@ class BlockMask:
             raise GpuwiseError(f"sequence lengths {self.seq_q} x {self.seq_k} must be positive", "")
         bs = self.block_size
         nq, nk = -(-self.seq_q // bs), -(-self.seq_k // bs)
-        kind = np.zeros((self.batch, nq, nk), np.int8)
+        if self.tiles is not None:  # the tiles' kinds in closed form: only the partial ones are evaluated
+            lo_q, lo_k = np.arange(nq)[:, None] * bs, np.arange(nk)[None, :] * bs
+            hi_q, hi_k = np.minimum(lo_q + bs, self.seq_q) - 1, np.minimum(lo_k + bs, self.seq_k) - 1
+            kind = np.stack([np.broadcast_to(self.tiles(b, lo_q, hi_q, lo_k, hi_k), (nq, nk))
+                             for b in range(self.batch)]).astype(np.int8)
+        else:
+            kind = np.full((self.batch, nq, nk), PARTIAL, np.int8)
         mask_id = np.full((self.batch, nq, nk), -1, np.int32)
         tiles: list[np.ndarray] = []
-        k = np.arange(nk * bs)
-        k_in = (k < self.seq_k).reshape(nk, bs)
+        k_all = np.arange(nk * bs)
+        k_in = (k_all < self.seq_k).reshape(nk, bs)
         for b in range(self.batch):
-            for i in range(nq):
+            bb = np.full((1, 1), b)
+            for i in np.flatnonzero((kind[b] == PARTIAL).any(axis=1)):
                 q = np.arange(i * bs, (i + 1) * bs)
-                grid = np.broadcast_to(np.asarray(self.rule(np.full((1, 1), b), q[:, None], k[None, :]), bool),
-                                       (bs, nk * bs))
-                inside = (q < self.seq_q)[:, None, None] & k_in[None, :, :]  # (bs, nk, bs)
-                g = grid.reshape(bs, nk, bs)
+                cols = np.flatnonzero(kind[b, i] == PARTIAL)  # evaluate these tiles' elements only
+                ks = (cols[:, None] * bs + np.arange(bs)[None, :]).reshape(-1)
+                g = np.broadcast_to(np.asarray(self.rule(bb, q[:, None], ks[None, :]), bool),
+                                    (bs, ks.size)).reshape(bs, cols.size, bs)
+                inside = (q < self.seq_q)[:, None, None] & k_in[cols][None, :, :]
                 anyb = (g & inside).any(axis=(0, 2))
                 allb = (g | ~inside).all(axis=(0, 2))
-                kind[b, i] = np.where(allb & inside.any(axis=(0, 2)), FULL, np.where(anyb, PARTIAL, EMPTY))
-                for j in np.flatnonzero(kind[b, i] == PARTIAL):
-                    mask_id[b, i, j] = len(tiles)
-                    tiles.append(g[:, j, :].copy())
+                kind[b, i, cols] = np.where(allb, FULL, np.where(anyb, PARTIAL, EMPTY))
+                for c, j in enumerate(cols):
+                    if kind[b, i, j] == PARTIAL:
+                        mask_id[b, i, j] = len(tiles)
+                        tiles.append(g[:, c, :].copy())
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "mask_id", mask_id)
         object.__setattr__(self, "masks", np.stack(tiles) if tiles else np.zeros((1, bs, bs), bool))
+
+    @staticmethod
+    def _both(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The tile kinds of an AND: empty if either is, full if both are, else to be evaluated."""
+        return np.where((a == EMPTY) | (b == EMPTY), EMPTY, np.where((a == FULL) & (b == FULL), FULL, PARTIAL))
+
+    @staticmethod
+    def _either(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where((a == FULL) | (b == FULL), FULL, np.where((a == EMPTY) & (b == EMPTY), EMPTY, PARTIAL))
 
     # -- constructors ------------------------------------------------------------------------------------
 
     @classmethod
     def causal(cls, seq_q: int, seq_k: int | None = None, block_size: int = 128) -> BlockMask:
         """Query ``q`` attends to keys ``k <= q`` (top-left aligned, as SDPA's ``is_causal``)."""
-        return cls(seq_q, seq_q if seq_k is None else seq_k, block_size, lambda b, q, k: k <= q)
+        return cls(seq_q, seq_q if seq_k is None else seq_k, block_size, lambda b, q, k: k <= q,
+                   tiles=lambda b, ql, qh, kl, kh: np.where(kh <= ql, FULL, np.where(kl > qh, EMPTY, PARTIAL)))
 
     @classmethod
     def sliding_window(cls, seq: int, window: int, block_size: int = 128) -> BlockMask:
         """Causal within the last ``window`` keys: ``q - window < k <= q``."""
         if window < 1:
             raise GpuwiseError(f"window {window} must be at least 1", "pass the number of keys each query sees")
-        return cls(seq, seq, block_size, lambda b, q, k: (k <= q) & (k > q - window))
+        def tiles(b, ql, qh, kl, kh):
+            full = (kh <= ql) & (kl > qh - window)
+            return np.where(full, FULL, np.where((kl > qh) | (kh <= ql - window), EMPTY, PARTIAL))
+
+        return cls(seq, seq, block_size, lambda b, q, k: (k <= q) & (k > q - window), tiles=tiles)
 
     @classmethod
     def document(cls, doc_ids, block_size: int = 128, causal: bool = False) -> BlockMask:
@@ -133,7 +159,18 @@ class BlockMask:
             same = row[np.minimum(q, seq - 1)] == row[np.minimum(k, seq - 1)]
             return same & (k <= q) if causal else same
 
-        return cls(seq, seq, block_size, rule, batch=ids.shape[0])
+        tiles = None
+        if (np.diff(ids, axis=1) >= 0).all():  # packed in order: a document is one run, ranges decide the tiles
+            def tiles(b, ql, qh, kl, kh):
+                row = ids[b]
+                qmin, qmax, kmin, kmax = row[ql], row[qh], row[kl], row[kh]
+                doc = np.where((qmax < kmin) | (kmax < qmin), EMPTY,
+                               np.where((qmin == qmax) & (kmin == kmax) & (qmin == kmin), FULL, PARTIAL))
+                if not causal:
+                    return doc
+                return cls._both(doc, np.where(kh <= ql, FULL, np.where(kl > qh, EMPTY, PARTIAL)))
+
+        return cls(seq, seq, block_size, rule, batch=ids.shape[0], tiles=tiles)
 
     @classmethod
     def from_dense(cls, block_bool, block_size: int, seq_q: int | None = None, seq_k: int | None = None
@@ -151,7 +188,7 @@ class BlockMask:
             raise GpuwiseError(f"block_bool {tuple(blocks.shape[1:])} does not cover {sq} x {sk} in blocks of "
                                f"{block_size}", "pass one entry per block")
         return cls(sq, sk, block_size, lambda b, q, k: blocks[b.reshape(-1)[0], q // block_size, k // block_size],
-                   batch=blocks.shape[0])
+                   batch=blocks.shape[0], tiles=lambda b, ql, qh, kl, kh: np.where(blocks[b], FULL, EMPTY))
 
     def _combine(self, other: BlockMask, op) -> BlockMask:
         if not isinstance(other, BlockMask):
@@ -169,7 +206,14 @@ class BlockMask:
             right = c(b if c_rows > 1 else b * 0, q, k)
             return op(np.asarray(left, bool), np.asarray(right, bool))
 
-        return BlockMask(self.seq_q, self.seq_k, self.block_size, rule, batch=max(self.batch, other.batch))
+        combine = self._both if op is np.logical_and else self._either
+        kinds_a, kinds_c = self.kind, other.kind  # classified already: combine them, evaluate the undecided
+
+        def tiles(b, ql, qh, kl, kh):
+            return combine(kinds_a[b if a_rows > 1 else 0], kinds_c[b if c_rows > 1 else 0])
+
+        return BlockMask(self.seq_q, self.seq_k, self.block_size, rule, batch=max(self.batch, other.batch),
+                         tiles=tiles)
 
     def with_causal(self) -> BlockMask:
         """``self & causal``, built once per mask (``attention(..., causal=True)`` asks for it every call)."""
