@@ -16,15 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from gpuwise.errors import GpuwiseError
-
-
-class Numbered(Protocol):
-    def batch(self, number: int, size: int) -> tuple[Any, Any]: ...
 
 
 @dataclass(frozen=True)
