@@ -302,7 +302,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from gpuwise.ops import _kernels as K
 
-ints = ("H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "N_QB", "N_KB", "MASK_BATCH")
+ints = ("H", "HK", "GROUP", "SEQ_Q", "SEQ_K", "N_QB", "N_KB", "MASK_BATCH", "TUNE_KEY")
 for fn in (K._attn_fwd, K._attn_bwd_dkdv, K._attn_bwd_dq, K._attn_bwd_delta):
     cx = {"BS": 128, "D": 128, "UPCAST": False, "PREC": "tf32", "BLOCK_M": 128, "BLOCK_N": 64}
     cx = {k: v for k, v in cx.items() if k in fn.arg_names}

@@ -143,7 +143,7 @@ def _fwd_tile(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, start_n, o
 @triton.jit
 def _attn_fwd(Q, K, V, OUT, LSE, KV_NUM, KV_FULL, KV_IDX, KV_MID, MASKS, qk_scale,
               stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-              stride_ob, stride_oh, stride_os, H, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH,
+              stride_ob, stride_oh, stride_os, H, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH, TUNE_KEY,
               BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_bh, b, h, hk, qb, offs_m, offs_d = _query_tile(H, GROUP, BS, D, BLOCK_M)
@@ -215,7 +215,7 @@ def _dkdv_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qs, s
 def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, Q_NUM, Q_FULL, Q_IDX, Q_MID, MASKS, qk_scale, sm_scale,
                    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh,
                    stride_vs, stride_dob, stride_doh, stride_dos, stride_dkb, stride_dkh, stride_dks,
-                   H, HK, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH,
+                   H, HK, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH, TUNE_KEY,
                    BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -291,7 +291,7 @@ def _dq_tile(dq, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, start_
 def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_NUM, KV_FULL, KV_IDX, KV_MID, MASKS, qk_scale, sm_scale,
                  stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                  stride_dob, stride_doh, stride_dos, stride_dqb, stride_dqh, stride_dqs,
-                 H, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH,
+                 H, GROUP, SEQ_Q, SEQ_K, N_QB, N_KB, MASK_BATCH, TUNE_KEY,
                  BS: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_bh, b, h, hk, qb, offs_m, offs_d = _query_tile(H, GROUP, BS, D, BLOCK_M)
@@ -328,9 +328,16 @@ def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, KV_NUM, KV_FULL, KV_IDX, KV_MID, M
              dq.to(DQ.dtype.element_ty), mask=in_q[:, None])
 
 
-_fwd_kernel = _tuned(_FWD, ["SEQ_Q", "SEQ_K", "D", "BS", "PREC", "GROUP"])(_attn_fwd)
-_dkdv_kernel = _tuned(_BWD, ["SEQ_Q", "SEQ_K", "D", "BS", "PREC", "GROUP"])(_attn_bwd_dkdv)
-_dq_kernel = _tuned(_BWD, ["SEQ_Q", "SEQ_K", "D", "BS", "PREC", "GROUP"])(_attn_bwd_dq)
+# Tuned once per power-of-two length (TUNE_KEY, unused in the kernels), not once per length: a run whose
+# sequences vary would otherwise re-tune at every new length.
+_KEY = ["TUNE_KEY", "D", "BS", "PREC", "GROUP"]
+_fwd_kernel = _tuned(_FWD, _KEY)(_attn_fwd)
+_dkdv_kernel = _tuned(_BWD, _KEY)(_attn_bwd_dkdv)
+_dq_kernel = _tuned(_BWD, _KEY)(_attn_bwd_dq)
+
+
+def _tune_key(sq: int, sk: int) -> int:
+    return triton.next_power_of_2(max(sq, sk))
 
 
 def _fixed(bs: int) -> dict[str, int]:
@@ -357,7 +364,7 @@ def forward(q, k, v, tables, mask, scale: float) -> tuple[torch.Tensor, torch.Te
     _fwd_kernel[grid](q, k, v, o, lse, tables.kv_num_blocks, tables.full_kv_num_blocks, tables.kv_indices,
                       tables.kv_mask_ids, tables.masks, scale * LOG2E,
                       *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                      h, h // hk, sq, sk, n_qb, n_kb, tables.kv_num_blocks.shape[0],
+                      h, h // hk, sq, sk, n_qb, n_kb, tables.kv_num_blocks.shape[0], _tune_key(sq, sk),
                       BS=bs, D=d, **_common(q), **_fixed(bs))
     return o, lse
 
@@ -385,7 +392,8 @@ def backward(do, q, k, v, o, lse, tables, mask, scale: float) -> tuple[torch.Ten
     _dkdv_kernel[grid_k](q, k, v, do, lse, delta, dk, dv, tables.q_num_blocks, tables.full_q_num_blocks,
                          tables.q_indices, tables.q_mask_ids, tables.masks, scale * LOG2E, scale,
                          *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
-                         h, hk, h // hk, sq, sk, n_qb, n_kb, mask_batch, BS=bs, D=d, **common)
+                         h, hk, h // hk, sq, sk, n_qb, n_kb, mask_batch, _tune_key(sq, sk), BS=bs, D=d,
+                         **common)
 
     def grid_q(meta):
         return (triton.cdiv(sq, meta["BLOCK_M"]), h, b)
@@ -393,7 +401,7 @@ def backward(do, q, k, v, o, lse, tables, mask, scale: float) -> tuple[torch.Ten
     _dq_kernel[grid_q](q, k, v, do, lse, delta, dq, tables.kv_num_blocks, tables.full_kv_num_blocks,
                        tables.kv_indices, tables.kv_mask_ids, tables.masks, scale * LOG2E, scale,
                        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
-                       h, h // hk, sq, sk, n_qb, n_kb, mask_batch, BS=bs, D=d, **common)
+                       h, h // hk, sq, sk, n_qb, n_kb, mask_batch, _tune_key(sq, sk), BS=bs, D=d, **common)
     return dq, dk, dv
 
 
