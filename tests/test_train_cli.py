@@ -248,3 +248,43 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_a_note(capsys, tmp_path):
     code, out, err = run(capsys, *args, "--steps", "6", "--resume")
     assert code == 0 and "resumed from 2" in out
     assert "skipped 1 damaged checkpoint(s): step-000000004/state.pt is missing or truncated" in err
+
+
+COUNT_ALL_REDUCES = '''
+import json, os, sys
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from gpuwise.training.config import TrainConfig
+from gpuwise.training.distributed import Ranks, start, stop
+from gpuwise.training.trainer import Trainer
+
+ranks = Ranks.from_environ(os.environ)
+start(ranks, torch.device("cpu"))
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+items = [(torch.randn(8), torch.tensor(i % 3)) for i in range(64)]
+trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), items,
+                  TrainConfig(steps=3, batch=16, micro_batch=2), ranks=ranks)  # 8 per process: 4 micro-steps
+calls = []
+trainer.model.register_comm_hook(None, lambda state, bucket: (calls.append(1), allreduce_hook(None, bucket))[1])
+trainer.fit()
+if ranks.main:
+    print(json.dumps({"all_reduces": len(calls)}))
+stop(ranks)
+'''
+
+
+def test_ddp_accumulation_all_reduces_once_per_step_not_per_micro_batch(tmp_path):
+    """Four micro-batches a step on each of two processes: DDP's no_sync holds the gradient all-reduce to the
+    last one (a tiny model is one bucket), so 3 steps make 3 all-reduces, not 12."""
+    script = tmp_path / "count.py"
+    script.write_text(COUNT_ALL_REDUCES)
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"all_reduces": 3}
