@@ -423,9 +423,9 @@ class Trainer:
     def fit(self, *, resume: bool = False) -> TrainResult:
         """Train to ``config.steps`` (from the newest good checkpoint with ``resume``). A one-line error
         (bad data, a non-finite loss, an OOM that a retry did not cure) first saves the steps done so far."""
-        if not resume and self.checkpoint_dir is not None and ckpt.steps_in(self.checkpoint_dir):
-            newest = ckpt.steps_in(self.checkpoint_dir)[-1].name
-            raise GpuwiseError(f"{self.checkpoint_dir} holds checkpoints of a run already (newest {newest})",
+        existing = ckpt.steps_in(self.checkpoint_dir) if not resume and self.checkpoint_dir is not None else []
+        if existing:
+            raise GpuwiseError(f"{self.checkpoint_dir} holds checkpoints of a run already (newest {existing[-1].name})",
                                "pass --resume to continue it, or another --checkpoint-dir")
         resumed = self._resume() if resume else None
         self.saved = self.step
