@@ -55,8 +55,9 @@ def test_calibration_is_only_for_catalog_gpus(capsys, tmp_path, monkeypatch):
 
 
 def test_calibration_keeps_the_best_rates_and_merges_devices(tmp_path):
-    from gpuwise.bench.results import Calibration, load_calibrations, save_calibration
+    from gpuwise.bench.results import calibration_from_results
     from gpuwise.bench.suite import BenchResult
+    from gpuwise.hardware.calibration import Calibration, load_calibrations, save_calibration
 
     def row(op, dtype, tflops=None, gbps=None):
         return BenchResult(op=op, dtype=dtype, shape="s", device="cuda:0", median_s=1.0, p10_s=1.0, p90_s=1.0,
@@ -65,7 +66,7 @@ def test_calibration_keeps_the_best_rates_and_merges_devices(tmp_path):
 
     rows = [row("gemm", "bf16", 500.0), row("gemm", "bf16", 700.0), row("gemm", "fp32", 50.0),
             row("copy", "fp32", gbps=3000.0), row("copy", "fp32", gbps=4000.0), row("conv2d", "bf16", 900.0)]
-    cal = Calibration.from_results("h200", rows)
+    cal = calibration_from_results("h200", rows)
     assert cal.tflops == {"bf16": 700.0, "fp32": 50.0} and cal.gbps == 4000.0  # best GEMM per dtype, best copy
     save_calibration(cal, tmp_path)
     save_calibration(Calibration(device="a100-80gb-sxm", tflops={"bf16": 250.0}, gbps=None), tmp_path)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpuwise.bench import measure
-from gpuwise.bench.device import CudaDevice, device_for
 from gpuwise.bench.suite import Case, _attention, _gemm, run_case
+from gpuwise.hardware.device import CudaDevice, device_for
 
 pytestmark = pytest.mark.requires_cuda
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpuwise.bench import measure
-from gpuwise.bench.device import device_for
 from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.device import device_for
 
 
 class FakeGpu:

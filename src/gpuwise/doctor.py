@@ -14,6 +14,8 @@ from typing import Literal
 
 from gpuwise.environment import Environment, NvmlDevice, TorchDevice
 from gpuwise.hardware.catalog import load_catalog
+from gpuwise.hardware.detect import bf16_capable, describe_local
+from gpuwise.hardware.device import resolve_device
 from gpuwise.stack import (
     arch_coverage,
     base_version,
@@ -323,12 +325,11 @@ def check_precision(env: Environment) -> Finding | None:
         return None
     dev = min(env.gpus, key=lambda d: d.compute_capability)
     if env.torch.hip:
-        gfx = (dev.gcn_arch or "").split(":")[0]
-        bf16 = gfx.startswith(("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12"))
+        bf16 = bf16_capable("rocm", (dev.gcn_arch or "").split(":")[0])
         return Finding(check="precision", status="ok",
                        message=f"{dev.name}: " + ("bf16 supported: train in bf16-mixed" if bf16 else
                                                   "no fast bf16: train in fp16-mixed with a GradScaler"))
-    if dev.compute_capability < (8, 0):
+    if not bf16_capable("cuda", sm_name(dev.compute_capability)):
         return Finding(check="precision", status="ok",
                        message=(f"{dev.name} ({sm_name(dev.compute_capability)}) has no bf16 or TF32 tensor cores: "
                                 "train in fp16-mixed with a GradScaler"))
@@ -337,7 +338,7 @@ def check_precision(env: Environment) -> Finding | None:
         return Finding(check="precision", status="ok",
                        message=(f"{dev.name}: bf16 supported; TF32 matmul on "
                                 f"(float32_matmul_precision={env.torch.float32_matmul_precision!r})"))
-    row = load_catalog().match_device(dev.name, dev.total_memory_bytes)
+    row = resolve_device(f"cuda:{dev.index}", describe_local(env, load_catalog())).row
     rates = ""
     if row and row.peak_tflops.fp32 and row.peak_tflops.tf32:
         rates = f" ({row.peak_tflops.fp32:g} vs {row.peak_tflops.tf32:g} TFLOPS TF32 on this GPU)"

@@ -21,6 +21,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuwise.errors import first_line
+
 # Environment variables that change what the stack does; the snapshot keeps only these.
 RELEVANT_VARIABLES = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
@@ -133,23 +135,18 @@ class Environment:
 # Probes. Each returns facts or records why it could not; none raises.
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _probe_torch() -> tuple[TorchInfo | None, str | None]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             torch = importlib.import_module("torch")
         except Exception as exc:  # a broken install raises anything from ImportError to OSError
-            return None, _first_line(exc)
+            return None, first_line(exc)
         try:
             info = _torch_info(torch)
         except Exception as exc:  # a half-broken install: keep what the version says, record why
             info = {"version": getattr(torch, "__version__", "unknown"), "cuda": None, "hip": None,
-                    "cuda_error": _first_line(exc)}
+                    "cuda_error": first_line(exc)}
     seen = tuple(dict.fromkeys(str(w.message).strip() for w in caught))
     return TorchInfo(**{**info, "warnings": seen}), None
 
@@ -187,11 +184,11 @@ def _torch_info(torch) -> dict:
             ))
         info["devices"] = tuple(devices)
     except Exception as exc:
-        info["cuda_error"] = _first_line(exc)
+        info["cuda_error"] = first_line(exc)
     try:
         info["cudnn_version"] = torch.backends.cudnn.version()
     except Exception as exc:  # torch raises on a cuDNN version mismatch
-        info["cudnn_error"] = _first_line(exc)
+        info["cudnn_error"] = first_line(exc)
     with contextlib.suppress(Exception):
         version = torch.cuda.nccl.version()
         info["nccl_version"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
@@ -248,11 +245,11 @@ def _probe_nvml() -> dict:
     try:
         import pynvml
     except Exception as exc:
-        return {"nvml_error": _first_line(exc)}
+        return {"nvml_error": first_line(exc)}
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # no driver: NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return {"nvml_error": _first_line(exc)}
+        return {"nvml_error": first_line(exc)}
     found: dict = {}
     try:
         if (driver := _try(pynvml.nvmlSystemGetDriverVersion)) is not None:
@@ -264,10 +261,10 @@ def _probe_nvml() -> dict:
             try:
                 devices.append(_nvml_device(pynvml, i))
             except Exception as exc:  # a lost or fallen-off GPU: note it, keep the others
-                found["nvml_error"] = f"GPU {i}: {_first_line(exc)}"
+                found["nvml_error"] = f"GPU {i}: {first_line(exc)}"
         found["nvml_devices"] = tuple(devices)
     except Exception as exc:
-        found["nvml_error"] = _first_line(exc)
+        found["nvml_error"] = first_line(exc)
     finally:
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
@@ -298,7 +295,7 @@ def _probe_triton(import_it: bool) -> dict:
         try:
             importlib.import_module("triton")
         except Exception as exc:
-            return {"triton_version": version, "triton_error": _first_line(exc)}
+            return {"triton_version": version, "triton_error": first_line(exc)}
     return {"triton_version": version}
 
 

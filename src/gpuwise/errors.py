@@ -1,4 +1,9 @@
-"""The one exception type the CLI turns into a one-line message and exit code 2."""
+"""Errors: ``GpuwiseError`` means "the user can fix this" (exit 2); the others are internal control flow.
+
+The internal ones never reach the user as such: the code that raises them is always called by code
+that catches them and decides (a remedy that does not apply is skipped, a damaged checkpoint is passed
+over with a note). One that escapes is our bug (exit 3).
+"""
 
 from __future__ import annotations
 
@@ -16,3 +21,25 @@ class GpuwiseError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
+
+
+class NotApplicable(Exception):
+    """A transformation that does not apply to this model or setup (LoRA without linear layers, ...)."""
+
+
+class Unsupported(Exception):
+    """A case this code path cannot handle, where another path can (a Triton kernel for an odd shape)."""
+
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint folder that cannot be read back: the message says what is wrong with it."""
+
+
+def first_line(exc: BaseException, *, limit: int = 300) -> str:
+    """``"TypeError: the first line of its message"``, at most ``limit`` characters of message.
+
+    >>> first_line(ValueError("bad shape\\nlong details"))
+    'ValueError: bad shape'
+    """
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__

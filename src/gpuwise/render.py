@@ -392,3 +392,49 @@ def render_train(s: TrainSummary, console: Console) -> None:
     for k, v in rows:
         table.add_row(k, Text(v))
     console.print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# one way out: every command hands its result to emit
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogRows:
+    """``gpuwise gpus`` with filters: the rows that matched."""
+
+    rows: tuple[Accelerator, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelList:
+    """``gpuwise plan --list-models``."""
+
+    models: tuple[ZooModel, ...]
+
+
+def _models_json(listing: ModelList) -> list[dict[str, Any]]:
+    return [{"name": m.name, "params": m.published_params, "blocks": m.n_layer, "inputs": m.inputs,
+             "default_seq": m.default_seq, "default_image_size": m.default_image_size, "source": m.source}
+            for m in listing.models]
+
+
+def _views() -> dict[str, tuple[Any, Any]]:
+    """Result type name -> (table renderer, JSON view). By name: the torch-importing types load on demand."""
+    return {
+        "DoctorReport": (render_doctor, doctor_json),
+        "LocalMachine": (render_local, local_json),
+        "Accelerator": (render_accelerator, lambda a: [a]),
+        "CatalogRows": (lambda c, console: render_catalog(list(c.rows), console), lambda c: list(c.rows)),
+        "ModelList": (lambda m, console: render_models(list(m.models), console), _models_json),
+        "MemoryPlan": (render_plan, plan_json),
+        "TrainSummary": (render_train, lambda s: s),
+    }
+
+
+def emit(result: Any, *, json: bool, console: Console | None = None) -> None:
+    """Print a command's result: as JSON with ``json``, else as its tables (on stdout unless ``console``)."""
+    table, as_json = _views()[type(result).__name__]
+    if json:
+        print_json(as_json(result))
+    else:
+        table(result, console or Console(highlight=False, soft_wrap=False))

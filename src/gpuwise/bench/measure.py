@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gpuwise.bench.device import Device, device_for
+from gpuwise.hardware.device import Device, device_for
 
 
 @dataclass(frozen=True, kw_only=True)

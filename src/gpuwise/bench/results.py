@@ -1,4 +1,4 @@
-"""Saving, loading and calibrating from benchmark results."""
+"""Saving and loading benchmark results, and the calibration a run gives."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from gpuwise.bench.suite import BenchResult
 from gpuwise.errors import GpuwiseError
 from gpuwise.files import atomic_path
+from gpuwise.hardware.calibration import Calibration
 
 
 def _clean(value):
@@ -43,44 +44,11 @@ def load(path: str | os.PathLike) -> tuple[dict, list[BenchResult]]:
     return data.get("machine", {}), results
 
 
-def cache_dir(environ: dict) -> Path:
-    """Where calibrations live: $XDG_CACHE_HOME/gpuwise, else ~/.cache/gpuwise."""
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".cache")
-    return Path(base) / "gpuwise"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Calibration:
-    """Rates measured on one device: the best GEMM TFLOPS per dtype and the best copy bandwidth."""
-
-    device: str  # catalog key when the device is in the catalog, else its name
-    tflops: dict[str, float]
-    gbps: float | None
-
-    @classmethod
-    def from_results(cls, device: str, results: list[BenchResult]) -> Calibration:
-        tflops: dict[str, float] = {}
-        for r in results:
-            if r.op == "gemm" and r.tflops:
-                tflops[r.dtype] = max(tflops.get(r.dtype, 0.0), r.tflops)
-        copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
-        return cls(device=device, tflops=tflops, gbps=max(copies) if copies else None)
-
-
-def save_calibration(cal: Calibration, folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "calibration.json"
-    existing = load_calibrations(folder)
-    existing[cal.device] = cal
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps({k: dataclasses.asdict(v) for k, v in existing.items()}, indent=2))
-    return path
-
-
-def load_calibrations(folder: Path) -> dict[str, Calibration]:
-    path = folder / "calibration.json"
-    try:
-        data = json.loads(path.read_text())
-        return {k: Calibration(**v) for k, v in data.items()}
-    except (FileNotFoundError, json.JSONDecodeError, TypeError, AttributeError):
-        return {}
+def calibration_from_results(device: str, results: list[BenchResult]) -> Calibration:
+    """The best GEMM rate per element type and the best copy bandwidth of a run, for ``device`` (a catalog key)."""
+    tflops: dict[str, float] = {}
+    for r in results:
+        if r.op == "gemm" and r.tflops:
+            tflops[r.dtype] = max(tflops.get(r.dtype, 0.0), r.tflops)
+    copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
+    return Calibration(device=device, tflops=tflops, gbps=max(copies) if copies else None)

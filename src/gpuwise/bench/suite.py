@@ -12,21 +12,22 @@ import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from gpuwise.bench.device import Device, device_for
 from gpuwise.bench.measure import Measurement, measure
-from gpuwise.errors import GpuwiseError
+from gpuwise.compat import scaled_mm
+from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.hardware.catalog import Accelerator
+from gpuwise.hardware.device import Device, device_for
+from gpuwise.precision import ELEMENT_TYPES, PRECISIONS, tf32_matmuls
 
 OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")  # block: GPT-2 block, fwd + bwd
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
-_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = tuple(ELEMENT_TYPES)  # GEMM element types: fp32, tf32, fp16, bf16, fp8
 MIN_ROTATE_BYTES = 64 * 2**20
 CPU_BASELINE_MAX_S = 10.0  # a CPU baseline expected to take longer (all its runs) is skipped
 MIN_REPEAT_S = 1e-3  # a timed repeat runs the op enough times to last this long: sync and launch costs vanish
@@ -105,12 +106,11 @@ def _gemm(m: int, n: int, k: int, dtype: str) -> Case:
             def fn():
                 a, b = nxt()
                 # fast accumulation, as fp8 training recipes use it forward (torchao's default)
-                return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
-                                        use_fast_accum=True)
+                return scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
         else:
             if dtype == "tf32" and device.type != "cuda":
                 raise GpuwiseError("TF32 is an NVIDIA tensor-core format", "")
-            t = _TORCH_DTYPE[dtype]
+            t = ELEMENT_TYPES[dtype].torch_dtype
             nxt = _rotating(lambda: (_randn((m, k), t, device), _randn((k, n), t, device)),
                             (m + n) * k * t.itemsize, device)
 
@@ -156,7 +156,7 @@ def _attention(b: int, h: int, s: int, d: int, dtype: str, backend: str) -> Case
         which = getattr(SDPBackend, _BACKENDS[backend], None)
         if which is None:
             raise GpuwiseError(f"this torch has no {backend} attention backend", "")
-        t = _TORCH_DTYPE[dtype]
+        t = ELEMENT_TYPES[dtype].torch_dtype
         nxt = _rotating(lambda: tuple(_randn((b, h, s, d), t, device) for _ in range(3)),
                         3 * b * h * s * d * t.itemsize, device)
 
@@ -173,7 +173,7 @@ def _attention(b: int, h: int, s: int, d: int, dtype: str, backend: str) -> Case
 
 def _conv2d(b: int, c: int, hw: int, dtype: str) -> Case:
     def make(device: torch.device):
-        t = _TORCH_DTYPE[dtype]
+        t = ELEMENT_TYPES[dtype].torch_dtype
         w = _randn((c, c, 3, 3), t, device)
         nxt = _rotating(lambda: _randn((b, c, hw, hw), t, device), b * c * hw * hw * t.itemsize, device)
         return (lambda: F.conv2d(nxt(), w, padding=1)), 2.0 * b * c * hw * hw * c * 9, None
@@ -188,7 +188,7 @@ def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
         from gpuwise.models.gpt import Block, GPTConfig
 
         cfg = GPTConfig(n_layer=1, n_head=heads, n_embd=h)
-        t = _TORCH_DTYPE[dtype]
+        t = ELEMENT_TYPES[dtype].torch_dtype
         with torch.device(device):
             block = Block(cfg).to(t)
         nxt = _rotating(lambda: _randn((b, s, h), t, device).requires_grad_(), b * s * h * t.itemsize, device)
@@ -202,8 +202,7 @@ def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
 
 
 def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) -> float:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    from gpuwise.compat import FakeTensorMode
     from gpuwise.planning.tracker import Tracker
 
     with FakeTensorMode():
@@ -228,20 +227,21 @@ def _train_step(model: str, batch: int, seq: int, cuda: bool) -> Case:
             net = zoo.instantiate()
             (idx,), targets = zoo.make_inputs(batch, seq=seq, image_size=None, dtype=torch.float32)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-        amp = device.type == "cuda"
+        spec = PRECISIONS[precision]
 
         def fn():
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            with torch.autocast(device.type, dtype=spec.compute_dtype, enabled=spec.autocast):
                 loss = net(idx, targets)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        flops = simulate(ZooSource(zoo=zoo), Setup(batch=batch, seq=seq, precision="bf16-mixed" if amp else "fp32"),
+        flops = simulate(ZooSource(zoo=zoo), Setup(batch=batch, seq=seq, precision=precision),
                          batch_model=False).flops_per_step
         return fn, float(flops), None
 
-    return Case(op="train-step", dtype="bf16-mixed" if cuda else "fp32", shape=f"{model} b{batch} s{seq}", make=make)
+    precision = "bf16-mixed" if cuda else "fp32"
+    return Case(op="train-step", dtype=precision, shape=f"{model} b{batch} s{seq}", make=make)
 
 
 def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tuple[str, ...]) -> list[Case]:
@@ -279,20 +279,6 @@ def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tu
     return out
 
 
-@contextlib.contextmanager
-def _precision(dtype: str, device: torch.device) -> Iterator[None]:
-    """TF32 is a process setting of PyTorch (not of the card): on for tf32 cases only, restored after."""
-    if device.type != "cuda":
-        yield
-        return
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
 def _peak(acc: Accelerator | None, case: Case) -> float | None:
     if acc is None:
         return None
@@ -300,14 +286,14 @@ def _peak(acc: Accelerator | None, case: Case) -> float | None:
         return acc.memory_bandwidth_gbps
     if case.op == "h2d":
         return None
-    return acc.peak_tflops.get("bf16" if case.dtype == "bf16-mixed" else case.dtype)
+    return acc.peak_tflops.get(PRECISIONS[case.dtype].rate_key if case.dtype in PRECISIONS else case.dtype)
 
 
 def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[Measurement, float | None, float | None]:
     """Time one case. A short op runs several times per timed repeat (at least MIN_REPEAT_S), and the
     figures are per call: synchronising around every single call would count its latency as work."""
     device = torch.device(dev.name)
-    with _precision(case.dtype, device):
+    with tf32_matmuls(case.dtype == "tf32"):
         fn, flops, nbytes = case.make(device)
         with measure(case.op, device=dev, warmup=1, repeats=1) as probe:
             for _ in probe:
@@ -347,7 +333,7 @@ def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
                 op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=math.nan, p10_s=math.nan,
                 p90_s=math.nan, repeats=0, flops=None, bytes=None, tflops=None, gbps=None, peak_memory_bytes=None,
                 pct_of_peak=None, speedup_vs_cpu=None, backend=case.backend,
-                note=f"not run: {(str(exc).splitlines() or [''])[0][:100]}"))
+                note=f"not run: {first_line(exc, limit=100)}"))
             continue
         speedup, note = None, None
         if target.type != "cpu" and case.cpu:

@@ -22,6 +22,27 @@ class LocalDevice:
     catalog_match: Accelerator | None
     note: str | None = None
 
+    @property
+    def bf16(self) -> bool:
+        return bf16_capable(self.backend, self.arch)
+
+
+# AMD parts with bf16 matrix cores: MI200 (gfx90a), MI300 (gfx94x), MI350 (gfx95x), RDNA3/4 (gfx11, gfx12).
+_ROCM_BF16 = ("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+
+
+def bf16_capable(backend: str, arch: str | None) -> bool:
+    """Whether a GPU computes in bf16 at speed: NVIDIA from Ampere (sm_80) on, AMD from CDNA2/RDNA3 on.
+
+    The one rule, used by ``doctor``, the default precision and the trainer's checks; torch's own
+    ``is_bf16_supported`` says yes on older GPUs too, where bf16 runs emulated and slowly.
+    """
+    if backend == "rocm":
+        return (arch or "").startswith(_ROCM_BF16)
+    if backend == "cuda" and arch and arch.startswith("sm_") and arch[3:].isdigit():
+        return int(arch[3:]) >= 80
+    return False
+
 
 @dataclass(frozen=True, kw_only=True)
 class LocalMachine:

@@ -163,7 +163,7 @@ def _dense(sq: int, sk: int, bs: int) -> BlockMask:
 
 
 def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
+    from gpuwise.compat import FakeTensor
 
     return isinstance(t, FakeTensor) or t.device.type == "meta"
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map
+
+from gpuwise.compat import tree_map
 
 LOWER_PRECISION = frozenset({
     "__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul",

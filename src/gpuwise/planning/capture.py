@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, FakeTensorMode
+from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
@@ -115,7 +115,7 @@ def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 @contextlib.contextmanager
 def _quiet_fake_tensor_log() -> Iterator[None]:
     """FakeTensorMode logs a traceback before re-raising a failing op; we report the error in one line."""
-    log = logging.getLogger("torch._subclasses.fake_tensor")
+    log = logging.getLogger(FAKE_TENSOR_LOGGER)
     level = log.level
     log.setLevel(logging.CRITICAL)
     try:
@@ -136,8 +136,7 @@ def _model_errors(name: str) -> Iterator[None]:
                            "the plan runs on fake tensors without values: avoid .item() and data-dependent "
                            "branches in forward") from exc
     except Exception as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise GpuwiseError(f"running {name} on fake tensors raised {type(exc).__name__}: {message}",
+        raise GpuwiseError(f"running {name} on fake tensors raised {first_line(exc)}",
                            "if one step runs on real tensors, an op's fake-tensor rule failed: report it with "
                            "GPUWISE_DEBUG=1's traceback") from exc
 

@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 
 from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.scaling import Timeline
 from gpuwise.planning.setup import MAX_ACCUM, MAX_BATCH, Setup
@@ -20,6 +21,7 @@ from gpuwise.planning.sharding import capture_setup, shard
 from gpuwise.planning.source import resolve_source
 from gpuwise.planning.tracker import CATEGORIES
 from gpuwise.planning.workload import Workload, simulate
+from gpuwise.precision import half_precision
 from gpuwise.units import MiB
 
 # Memory a CUDA process holds besides its tensors. Estimates, stated as such: the context with lazy
@@ -118,13 +120,11 @@ def _per_gpu(w: Workload, tl: Timeline) -> Timeline:
                  block_trainable_params=w.block_trainable_params)
 
 
-_RATE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16-mixed": "bf16", "bf16": "bf16", "fp16-mixed": "fp16"}
-
-
-def step_time_floor(w: Workload, acc: Accelerator, calibration=None) -> tuple[float | None, str | None]:
+def step_time_floor(w: Workload, acc: Accelerator,
+                    calibration: Calibration | None = None) -> tuple[float | None, str | None]:
     """The roofline floor of one step on ``acc``: its FLOPs at the compute rate or its bytes at the memory
     bandwidth, whichever takes longer. Measured rates (a Calibration) replace the datasheet's."""
-    dtype = _RATE_DTYPE[w.setup.precision]
+    dtype = w.setup.spec.rate_key
     measured = calibration is not None and calibration.tflops.get(dtype)
     tflops = calibration.tflops.get(dtype) if measured else acc.peak_tflops.get(dtype)
     gbps = (calibration.gbps if measured and calibration.gbps else None) or acc.memory_bandwidth_gbps
@@ -211,7 +211,7 @@ def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]
             attempt(f"smaller batch {micro}", replace(s, batch=micro))
         return out
     if s.precision in ("fp32", "tf32"):
-        half = "bf16-mixed" if acc.peak_tflops.get("bf16") else "fp16-mixed"  # no bf16 before Ampere
+        half = half_precision(bf16=bool(acc.peak_tflops.get("bf16")))  # no bf16 before Ampere
         if attempt(f"{half[:4]} mixed precision", replace(s, precision=half)):
             s = replace(s, precision=half)
     if s.checkpointing == "none" and attempt("activation checkpointing", replace(s, checkpointing="full")):

@@ -8,9 +8,9 @@ from typing import Literal, get_args
 import torch
 
 from gpuwise.errors import GpuwiseError
+from gpuwise.precision import PRECISIONS, Precision, PrecisionSpec
 
 Task = Literal["train", "finetune-lora", "infer"]
-Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16"]
 Optimizer = Literal["adamw", "sgd"]
 Checkpointing = Literal["none", "full"]
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
@@ -86,20 +86,22 @@ class Setup:
         return self.task != "infer"
 
     @property
+    def spec(self) -> PrecisionSpec:
+        return PRECISIONS[self.precision]
+
+    @property
     def mixed(self) -> bool:
         """Autocast over fp32 weights."""
-        return self.precision in ("bf16-mixed", "fp16-mixed")
+        return self.spec.autocast
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        if self.precision in ("bf16-mixed", "bf16"):
-            return torch.bfloat16
-        return torch.float16 if self.precision == "fp16-mixed" else torch.float32
+        return self.spec.compute_dtype
 
     @property
     def weight_dtype(self) -> torch.dtype:
         """Trainable weights: fp32 under autocast (they are the master copy), else the compute dtype."""
-        return torch.float32 if self.mixed else self.compute_dtype
+        return self.spec.weight_dtype
 
     def describe(self) -> str:
         parts = [self.task, f"batch {self.batch}"]

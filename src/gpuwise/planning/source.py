@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.models import ZooModel, get_model
 from gpuwise.planning.setup import Setup
 
@@ -116,7 +116,7 @@ def _import_file(path: str, mtime_ns: int) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:  # the user's module: report its error in one line
         del sys.modules[name]
-        raise GpuwiseError(f"importing {path} raised {type(exc).__name__}: {exc}",
+        raise GpuwiseError(f"importing {path} raised {first_line(exc)}",
                            "fix the file, or run it with python to see the traceback") from exc
     finally:
         sys.path.remove(folder)
@@ -171,12 +171,12 @@ def call_model_function(name: str, fn: Callable[[int], Any], batch: int, *, fake
     except GpuwiseError:
         raise
     except Exception as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = first_line(exc)
         if fake and ("Couldn't swap" in text or "not linked with support for cuda" in text.lower()):
             raise GpuwiseError(f"{name}({batch}) moves or converts the model ({text})",
                                "build it on the CPU in its default dtype, with no .to()/.cuda()/.half(): "
                                "--precision chooses the dtype and the plan is for the GPU") from exc
-        raise GpuwiseError(f"{name}({batch}) raised {type(exc).__name__}: {text}",
+        raise GpuwiseError(f"{name}({batch}) raised {text}",
                            "fix the function; it runs on fake tensors, so it must not read tensor values" if fake
                            else "fix the function; run the file with python to see the traceback") from exc
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], nn.Module)):
@@ -278,7 +278,7 @@ class HFSource:
             except Exception as exc:
                 error = exc
         else:
-            raise GpuwiseError(f"transformers could not build {self.path}: {type(error).__name__}: {error}",
+            raise GpuwiseError(f"transformers could not build {self.path}: {first_line(error)}",
                                "check model_type and the fields of config.json") from error
         seq = self.tokens(setup)
         vocab = int(getattr(config, "vocab_size", 32000))

@@ -28,9 +28,9 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
+from gpuwise.compat import TorchDispatchMode, tree_leaves
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "inputs", "kv_cache")
 # A storage carries one category for its whole life; a stronger tag wins (an fp32 parameter saved for
@@ -110,7 +110,7 @@ def _nbytes(t: torch.Tensor) -> int:
 class Tracker(TorchDispatchMode):
     """Follow every storage allocated under it; ``timeline()`` gives live bytes per category per sample.
 
-    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> from gpuwise.compat import FakeTensorMode
     >>> with FakeTensorMode(), Tracker() as tr:
     ...     y = torch.randn(256, 256) @ torch.randn(256, 256)
     >>> tr.flops

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.training.data import CharText, DatasetBatches, Fixed, SyntheticImages
 from gpuwise.training.trainer import LossFn, default_loss, model_loss
 
@@ -132,7 +132,7 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
         try:
             made = data_fn()
         except Exception as exc:
-            raise GpuwiseError(f"{data_path.name}:{data_name}() raised {type(exc).__name__}: {exc}",
+            raise GpuwiseError(f"{data_path.name}:{data_name}() raised {first_line(exc)}",
                                "fix the function; it takes no arguments and returns a Dataset") from exc
         train, val = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
         data = DatasetBatches(train, seed=seed, workers=workers)

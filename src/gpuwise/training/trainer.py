@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.compat import fsdp2
+from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import batch_rows, rows, stream, to_device
@@ -120,14 +121,6 @@ def _as_batches(data: Any, config: TrainConfig) -> Any:
                        "pass a map-style Dataset of (input, target) items, or an object with batch(number, size)")
 
 
-def _fsdp_api():
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    except ImportError:  # torch 2.5
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-    return fully_shard, MixedPrecisionPolicy
-
-
 class Trainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: TrainConfig, *,
                  device: str = "cpu", loss_fn: LossFn = default_loss, eval_data: Any = None,
@@ -200,7 +193,7 @@ class Trainer:
         if len(optimizer.param_groups) != 1:
             raise GpuwiseError("--sharding fsdp rebuilds the optimizer on the shards: it needs one param group",
                                "pass an optimizer over model.parameters()")
-        fully_shard, policy = _fsdp_api()
+        fully_shard, policy = fsdp2()
         mesh = init_device_mesh(self.device.type, (self.ranks.world_size,))
         mp = policy(param_dtype=self.autocast_dtype, reduce_dtype=torch.float32) if self.autocast_dtype \
             else policy()
@@ -336,8 +329,7 @@ class Trainer:
                 except Exception as exc:
                     if not first_step:
                         raise
-                    line = (str(exc).strip().splitlines() or [""])[0][:300]
-                    raise GpuwiseError(f"the data does not fit the model: {type(exc).__name__}: {line}",
+                    raise GpuwiseError(f"the data does not fit the model: {first_line(exc)}",
                                        "check that --data's items are what the model's forward takes") from exc
                 if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                     raise GpuwiseError(f"the loss is {type(loss).__name__}"
@@ -396,8 +388,7 @@ class Trainer:
         except (GpuwiseError, OutOfMemory):
             raise
         except Exception as exc:
-            line = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise GpuwiseError(f"the held-out data does not fit the model: {type(exc).__name__}: {line}",
+            raise GpuwiseError(f"the held-out data does not fit the model: {first_line(exc)}",
                                "check that the validation Dataset's items are like the training ones") from exc
 
     def _evaluate_batches(self) -> float:
@@ -443,8 +434,7 @@ class Trainer:
         except GpuwiseError:
             raise
         except Exception as exc:  # the user's Dataset or its collation
-            line = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise GpuwiseError(f"reading the batch of step {self.step + 1} failed: {type(exc).__name__}: {line}",
+            raise GpuwiseError(f"reading the batch of step {self.step + 1} failed: {first_line(exc)}",
                                "check the Dataset: every item (input, target) with the same shapes") from exc
 
     def _loop(self, resumed: int | None) -> TrainResult:

@@ -1,0 +1,65 @@
+"""The ``gpuwise`` command line: one file per command, each of which parses, calls one library function and
+hands the result to ``render.emit``.
+
+Errors a user can fix print one line, ``error: <what> (hint: <what to do>)``, and exit 2; a traceback only
+with ``GPUWISE_DEBUG=1``. Anything else is our bug: exit 3.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import typer
+
+from gpuwise.cli import bench, doctor, gpus, plan, train  # noqa: F401  (each registers its command)
+from gpuwise.cli._app import app
+from gpuwise.errors import GpuwiseError, first_line
+
+
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Click's usage-error base class, wherever this typer keeps click (vendored or not)."""
+    return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _command_name(argv: list[str]) -> str:
+    """ "gpuwise gpus" when argv names a command, else "gpuwise"."""
+    words = [a for a in argv if not a.startswith("-")]
+    known = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    return f"gpuwise {words[0]}" if words and words[0] in known else "gpuwise"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code: 0 ok, 1 a check failed, 2 a usage error, 3 a bug."""
+    argv = list(sys.argv[1:] if argv is None else argv) or ["--help"]
+    debug = os.environ.get("GPUWISE_DEBUG", "") not in ("", "0")
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="gpuwise", standalone_mode=False)
+    except GpuwiseError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except _usage_error_types() as exc:
+        if debug:
+            traceback.print_exc()
+        message = exc.format_message().replace("\n", " ")  # type: ignore[attr-defined]
+        print(f"error: {message} (hint: run '{_command_name(argv)} --help')", file=sys.stderr)
+        return 2
+    except (typer.Abort, KeyboardInterrupt):
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"error: internal error: {first_line(exc)} "
+              "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
+        return 3
+    return result if isinstance(result, int) else 0
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,52 @@
+"""``gpuwise gpus``."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from gpuwise.cli._app import JsonFlag, app
+from gpuwise.errors import GpuwiseError
+
+
+@app.command()
+def gpus(
+    name: Annotated[str | None, typer.Argument(help="Show one accelerator, e.g. h100, 4090, mi300x.")] = None,
+    segment: Annotated[str | None, typer.Option(help="consumer, workstation, datacenter or edge.")] = None,
+    vendor: Annotated[str | None, typer.Option(help="NVIDIA, AMD, Intel, Huawei, Google or Apple.")] = None,
+    min_memory: Annotated[str | None, typer.Option(
+        help="At least this much memory, e.g. 24GB (10^9 bytes) or 24GiB (2^30 bytes); "
+             "vendors' '24GB' cards hold 24 GiB.")] = None,
+    local: Annotated[bool, typer.Option("--local", help="Show this machine's GPUs and CPU instead.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """List the hardware catalog, show one accelerator with its sources, or this machine.
+
+    Examples: gpuwise gpus; gpuwise gpus h100; gpuwise gpus --segment consumer --min-memory 24GB;
+    gpuwise gpus --local --json
+    """
+    from gpuwise import render
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.units import parse_bytes
+
+    filters = segment is not None or vendor is not None or min_memory is not None
+    if local:
+        if name is not None or filters:
+            raise GpuwiseError("--local shows this machine and takes no name or filters",
+                               hint="run 'gpuwise gpus --local' alone")
+        from gpuwise.hardware.device import local_machine
+
+        render.emit(local_machine(os.environ), json=json_out)
+        return
+    catalog = load_catalog()
+    if name is not None:
+        if filters:
+            raise GpuwiseError("a NAME shows one accelerator and takes no filters",
+                               hint=f"run 'gpuwise gpus {name}' alone, or filters without a name")
+        render.emit(catalog.get(name), json=json_out)
+        return
+    rows = catalog.filter(segment=segment, vendor=vendor,
+                          min_memory_bytes=parse_bytes(min_memory) if min_memory is not None else None)
+    render.emit(render.CatalogRows(tuple(rows)), json=json_out)

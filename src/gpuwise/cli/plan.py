@@ -1,0 +1,88 @@
+"""``gpuwise plan``."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from gpuwise.cli._app import DeviceOption, JsonFlag, app, check_png
+from gpuwise.errors import GpuwiseError
+
+
+@app.command()
+def plan(
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="A built-in model (see --list-models) or path/to/file.py:function, where "
+        "function(batch_size) returns (model, inputs).")] = None,
+    hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
+    list_models: Annotated[bool, typer.Option("--list-models", help="List the built-in models and exit.")] = False,
+    task: Annotated[str | None, typer.Option(help="train, finetune-lora or infer.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Micro-batch per GPU.")] = None,
+    seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
+    image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adamw or sgd (momentum 0.9).")] = None,
+    checkpointing: Annotated[str | None, typer.Option(help="none or full (recompute every block).")] = None,
+    grad_accum: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step.")] = None,
+    n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
+    sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
+    lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
+    qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
+    attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
+                                                       "built-in GPT and Llama models.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
+                                                 "fit (default: every catalog GPU; remedies for --device's "
+                                                 "GPU, else h100-sxm).")] = None,
+    device: DeviceOption = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the memory timeline to this PNG file.")] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Simulate one training or inference step on fake tensors: exact peak memory, FLOPs and fit.
+
+    Examples: gpuwise plan --model gpt2 --batch 8; gpuwise plan --model llama3-8b --gpu h100 --seq 8192;
+    gpuwise plan --model llama2-7b --task finetune-lora --qlora --gpu rtx-4090;
+    gpuwise plan --model my_net.py:build --batch 32 --json
+    """
+    from gpuwise import render
+
+    if list_models:
+        if model or hf_config:
+            raise GpuwiseError("--list-models takes no model", "run 'gpuwise plan --list-models' alone")
+        from gpuwise.models import MODELS
+
+        render.emit(render.ModelList(tuple(MODELS.values())), json=json_out)
+        return
+    check_png(plot)
+    from gpuwise.hardware.calibration import cache_dir, load_calibrations
+    from gpuwise.planning import Setup, plan_model
+
+    training_only = [f for f, v in (("--optimizer", optimizer), ("--checkpointing", checkpointing)) if v is not None]
+    if task == "infer" and training_only:
+        raise GpuwiseError(f"{training_only[0]} has no meaning for --task infer", f"drop {training_only[0]}")
+    if (lora_rank is not None or qlora) and task != "finetune-lora":
+        raise GpuwiseError(f"{'--qlora' if qlora else '--lora-rank'} applies to LoRA fine-tuning",
+                           "add --task finetune-lora")
+    given = {"task": task, "batch": batch, "seq": seq, "image_size": image_size, "precision": precision,
+             "optimizer": optimizer, "checkpointing": checkpointing, "grad_accum": grad_accum, "gpus": n_gpus,
+             "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
+    setup = Setup(**{k: v for k, v in given.items() if v is not None})
+    primary = None
+    if gpu is None:  # remedies for this machine's GPU (--device's, or the default one) when the catalog knows it
+        from gpuwise.hardware.device import local_machine, resolve_device
+
+        target = resolve_device(device, local_machine(os.environ))
+        primary = target.row.key if target.row is not None and target.gpu else None
+    elif device is not None:
+        raise GpuwiseError("--gpu names a catalog GPU and --device this machine's: give one",
+                           f"drop --device, or drop --gpu {gpu}")
+    calibrations = load_calibrations(cache_dir(os.environ))  # from gpuwise bench --calibrate
+    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary, calibrations=calibrations)
+    render.emit(result, json=json_out)
+    if plot is not None:  # after the plan is shown: a path we cannot write loses nothing
+        from gpuwise.plot import plot_plan
+
+        plot_plan(result, plot)
+        if not json_out:
+            print(f"timeline drawn to {plot}")

@@ -1,0 +1,58 @@
+"""Rates measured on this machine's GPUs (``gpuwise bench --calibrate``), stored for later plans.
+
+>>> cal = Calibration(device="h100-sxm", tflops={"bf16": 720.0}, gbps=2900.0)
+>>> # save_calibration(cal, cache_dir(os.environ)); load_calibrations(cache_dir(os.environ))["h100-sxm"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpuwise.files import atomic_path
+
+FILE_NAME = "calibration.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Rates measured on one device: the best GEMM TFLOPS per element type and the best copy bandwidth."""
+
+    device: str  # catalog key when the device is in the catalog, else its name
+    tflops: dict[str, float]  # by the catalog's rate key: fp32, tf32, fp16, bf16, fp8
+    gbps: float | None  # device-to-device copy, read + write, in 10^9 bytes per second
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not isinstance(self.tflops, dict) or not all(
+                isinstance(v, (int, float)) and v > 0 for v in self.tflops.values()):
+            raise ValueError(f"not a calibration: {self.device!r}, {self.tflops!r}")
+        if self.gbps is not None and not (isinstance(self.gbps, (int, float)) and self.gbps > 0):
+            raise ValueError(f"not a bandwidth: {self.gbps!r}")
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """Where calibrations live: $XDG_CACHE_HOME/gpuwise, else ~/.cache/gpuwise."""
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".cache")
+    return Path(base) / "gpuwise"
+
+
+def save_calibration(cal: Calibration, folder: Path) -> Path:
+    """Add (or replace) ``cal`` in the folder's calibration file, written atomically; its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / FILE_NAME
+    existing = load_calibrations(folder)
+    existing[cal.device] = cal
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({k: dataclasses.asdict(v) for k, v in existing.items()}, indent=2))
+    return path
+
+
+def load_calibrations(folder: Path) -> dict[str, Calibration]:
+    """Every stored calibration by device; a missing or damaged file is no calibration (plans use datasheets)."""
+    try:
+        data = json.loads((folder / FILE_NAME).read_text())
+        return {k: Calibration(**v) for k, v in data.items()}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, ValueError):
+        return {}
