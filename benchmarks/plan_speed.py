@@ -37,7 +37,7 @@ def main() -> None:
 
     print("\nscaled capture (2 and 3 blocks) vs every block, one setup, same process:")
     print(f"  {'model':12} {'setup':32} {'scaled s':>9} {'full s':>8} {'speed-up':>9} {'peak GiB':>9} {'same peak':>9}")
-    for name, setup, label in (("gpt2-xl", Setup(batch=4, seq=1024), "batch 4, seq 1024"),
+    for name, setup, label in (("gpt2-xl", Setup(micro_batch=4, seq=1024), "batch 4, seq 1024"),
                                ("llama2-70b", Setup(seq=4096), "batch 1, seq 4096"),
                                ("llama2-70b", Setup(seq=4096, checkpointing="full"), "batch 1, seq 4096, ckpt")):
         src = ZooSource(zoo=get_model(name))

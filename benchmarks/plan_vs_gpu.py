@@ -28,19 +28,19 @@ from gpuwise.planning.workload import simulate
 from gpuwise.units import GiB
 
 CASES = [
-    ("gpt2", Setup(batch=8, seq=1024)),
-    ("gpt2", Setup(batch=8, seq=1024, checkpointing="full")),
-    ("gpt2", Setup(batch=8, seq=1024, precision="fp32")),
-    ("gpt2-medium", Setup(batch=4, seq=1024, grad_accum=2, optimizer="sgd")),
-    ("bert-base", Setup(batch=32, seq=512, precision="fp32")),
-    ("vit-b16", Setup(batch=64)),
-    ("resnet50", Setup(batch=64, precision="fp32")),
-    ("llama3.2-1b", Setup(batch=2, seq=2048)),
-    ("llama3.2-1b", Setup(task="finetune-lora", batch=2, seq=2048)),
-    ("llama2-7b", Setup(task="infer", batch=4, seq=4096)),
+    ("gpt2", Setup(micro_batch=8, seq=1024)),
+    ("gpt2", Setup(micro_batch=8, seq=1024, checkpointing="full")),
+    ("gpt2", Setup(micro_batch=8, seq=1024, precision="fp32")),
+    ("gpt2-medium", Setup(micro_batch=4, seq=1024, grad_accum=2, optimizer="sgd")),
+    ("bert-base", Setup(micro_batch=32, seq=512, precision="fp32")),
+    ("vit-b16", Setup(micro_batch=64)),
+    ("resnet50", Setup(micro_batch=64, precision="fp32")),
+    ("llama3.2-1b", Setup(micro_batch=2, seq=2048)),
+    ("llama3.2-1b", Setup(task="finetune-lora", micro_batch=2, seq=2048)),
+    ("llama2-7b", Setup(task="infer", micro_batch=4, seq=4096)),
 ]
-QUICK = [("gpt2", Setup(batch=2, seq=128)), ("gpt2", Setup(batch=2, seq=128, checkpointing="full")),
-         ("resnet50", Setup(batch=2, image_size=64, precision="fp32")), ("gpt2", Setup(task="infer", seq=128))]
+QUICK = [("gpt2", Setup(micro_batch=2, seq=128)), ("gpt2", Setup(micro_batch=2, seq=128, checkpointing="full")),
+         ("resnet50", Setup(micro_batch=2, image_size=64, precision="fp32")), ("gpt2", Setup(task="infer", seq=128))]
 
 
 def nvml_used_bytes() -> int | None:

@@ -82,7 +82,7 @@ def throughput(zoo, seq: int, micro: int, steps: int, compiled: bool, peak: floa
     n = sum(p.numel() for p in model.parameters())
     c = zoo.config
     palm = (6 * n + 12 * c.n_layer * c.n_embd * seq) * micro * seq  # PaLM appendix B, per step
-    planned = simulate(ZooSource(zoo=zoo), Setup(batch=micro, seq=seq, precision="bf16-mixed"),
+    planned = simulate(ZooSource(zoo=zoo), Setup(micro_batch=micro, seq=seq, precision="bf16-mixed"),
                        batch_model=False).flops_per_step
     result = Trainer(model, opt, RandomTokens(c.vocab_size, seq), cfg, device="cuda", loss_fn=model_loss,
                      flops_per_step=planned, peak_tflops=peak).fit()

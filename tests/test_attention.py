@@ -283,8 +283,8 @@ def test_the_planner_costs_only_the_visited_tiles():
     from gpuwise.planning.workload import simulate
 
     src = ZooSource(zoo=get_model("gpt2"))
-    sdpa = simulate(src, Setup(batch=2, seq=1024), batch_model=False)
-    ours = simulate(src, Setup(batch=2, seq=1024, attention="gpuwise"), batch_model=False)
+    sdpa = simulate(src, Setup(micro_batch=2, seq=1024), batch_model=False)
+    ours = simulate(src, Setup(micro_batch=2, seq=1024, attention="gpuwise"), batch_model=False)
     forward = 4 * 2 * 12 * 1024**2 * 64 * 12
     assert ours.flops_per_step - sdpa.flops_per_step == pytest.approx(forward * (4.5 * 36 / 64 - 3.5 * 0.5),
                                                                       rel=1e-9)

@@ -20,9 +20,9 @@ SMALL_GPT = ZooSource(zoo=replace(get_model("gpt2"), config=GPTConfig(n_layer=2,
 
 
 @pytest.mark.parametrize("setup", [
-    Setup(batch=4, seq=128, precision="fp32"),
-    Setup(batch=4, seq=128, precision="bf16-mixed", checkpointing="full"),
-    Setup(batch=2, seq=128, task="infer"),
+    Setup(micro_batch=4, seq=128, precision="fp32"),
+    Setup(micro_batch=4, seq=128, precision="bf16-mixed", checkpointing="full"),
+    Setup(micro_batch=2, seq=128, task="infer"),
 ], ids=["fp32", "bf16-mixed+checkpointing", "infer"])
 def test_fake_capture_equals_real_run(setup):
     fake = capture(SMALL_GPT, setup, batch=setup.batch)
@@ -35,7 +35,7 @@ def test_fake_capture_equals_real_run(setup):
 
 def test_peak_matches_pytorch_memtracker():
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
-    setup = Setup(batch=4, seq=128, precision="fp32")
+    setup = Setup(micro_batch=4, seq=128, precision="fp32")
     ours = capture(SMALL_GPT, setup, batch=4).live.sum(axis=1).max()
 
     torch.manual_seed(0)

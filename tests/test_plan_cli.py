@@ -62,8 +62,8 @@ def test_max_batch_is_the_edge_of_fitting():
     base = Setup(seq=512)
     best = plan_model("gpt2", base, gpu=gpu).max_batch
     assert best > 1
-    assert plan_model("gpt2", Setup(seq=512, batch=best), gpu=gpu).gpus[0].fits
-    assert not plan_model("gpt2", Setup(seq=512, batch=best + 1), gpu=gpu).gpus[0].fits
+    assert plan_model("gpt2", Setup(seq=512, micro_batch=best), gpu=gpu).gpus[0].fits
+    assert not plan_model("gpt2", Setup(seq=512, micro_batch=best + 1), gpu=gpu).gpus[0].fits
 
 
 def test_remedies_in_order_with_flags(capsys):
@@ -153,7 +153,9 @@ def test_an_op_without_a_formula_is_listed_as_uncosted(capsys, user_file):
     (["--model", "gpt2", "--qlora"], "--qlora applies to LoRA fine-tuning (hint: add --task finetune-lora)"),
     (["--model", "gpt2", "--lora-rank", "8"], "--lora-rank applies to LoRA fine-tuning"),
     (["--model", "gpt2", "--sharding", "zero2"], "--sharding zero2 shards over GPUs but --gpus is 1"),
-    (["--model", "gpt2", "--task", "infer", "--grad-accum", "4"], "--grad-accum has no meaning for --task infer"),
+    (["--model", "gpt2", "--task", "infer", "--batch", "8", "--micro-batch", "2"],
+     "--batch above --micro-batch (accumulation) has no meaning for --task infer"),
+    (["--model", "gpt2", "--batch", "6", "--micro-batch", "4"], "--batch 6 does not split evenly"),
     (["--model", "gpt2", "--seq", "4096"], "--seq 4096 is longer than gpt2's 1024 learned positions"),
     (["--model", "resnet50", "--seq", "128"], "--seq does not apply to resnet50"),
     (["--model", "gpt2", "--batch", "0"], "--batch 0 is outside 1.."),

@@ -55,7 +55,7 @@ def test_gpt2_flops_match_palm_appendix_b():
     PaLM's non-causal, no-recompute 12*L*h*s per token would say 12*b*s^2*h."""
     zoo = get_model("gpt2")
     b, s = 2, 1024
-    w = simulate(ZooSource(zoo=zoo), Setup(batch=b, seq=s), batch_model=False)
+    w = simulate(ZooSource(zoo=zoo), Setup(micro_batch=b, seq=s), batch_model=False)
     cfg = zoo.config
     tokens = b * s
     expected = 6 * zoo.published_params * tokens + cfg.n_layer * 7 * b * s * s * cfg.n_embd
@@ -80,10 +80,10 @@ def test_grad_accum_flops_scale_with_micro_batches():
 
 
 @pytest.mark.parametrize("setup", [
-    Setup(batch=2, seq=128),
-    Setup(batch=1, seq=128, checkpointing="full", grad_accum=2),
-    Setup(task="infer", batch=2, seq=128),
-    Setup(task="finetune-lora", batch=1, seq=64, qlora=True),
+    Setup(micro_batch=2, seq=128),
+    Setup(micro_batch=1, seq=128, checkpointing="full", grad_accum=2),
+    Setup(task="infer", micro_batch=2, seq=128),
+    Setup(task="finetune-lora", micro_batch=1, seq=64, qlora=True),
 ], ids=["train", "checkpointing+accum", "infer", "qlora"])
 def test_block_and_batch_scaling_is_exact(setup):
     """2- and 3-block captures at batches b and b+1 predict a 5-block capture at batch 7, sample by sample."""
@@ -111,7 +111,7 @@ def test_scaled_parameter_counts_equal_published():
 def test_kv_cache_bytes():
     zoo = get_model("llama3-8b")
     b, s = 2, 256
-    w = simulate(ZooSource(zoo=zoo), Setup(task="infer", batch=b, seq=s), batch_model=False)
+    w = simulate(ZooSource(zoo=zoo), Setup(task="infer", micro_batch=b, seq=s), batch_model=False)
     kv = w.timeline.live(b)[:, CATEGORIES.index("kv_cache")].max()
     cfg = zoo.config
     assert kv == 2 * cfg.n_layer * b * cfg.n_kv_head * s * (cfg.dim // cfg.n_head) * 2  # K and V, bf16

@@ -128,7 +128,7 @@ def test_auto_picks_the_largest_micro_batch_the_plan_fits():
     src = ZooSource(zoo=replace(get_model("gpt2"), config=gpt, default_seq=32, max_seq=32))
 
     def peak(micro: int) -> float:
-        w = simulate(src, Setup(batch=micro, seq=32, precision="fp32", grad_accum=2), batch_model=False)
+        w = simulate(src, Setup(micro_batch=micro, seq=32, precision="fp32", grad_accum=2), batch_model=False)
         return float(w.timeline.live(micro).sum(axis=1).max())
 
     free = (peak(4) + peak(8)) / 2 / 0.9  # 10% headroom is kept

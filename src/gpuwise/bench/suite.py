@@ -236,7 +236,7 @@ def _train_step(model: str, batch: int, seq: int, cuda: bool) -> Case:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        flops = simulate(ZooSource(zoo=zoo), Setup(batch=batch, seq=seq, precision=precision),
+        flops = simulate(ZooSource(zoo=zoo), Setup(micro_batch=batch, seq=seq, precision=precision),
                          batch_model=False).flops_per_step
         return fn, float(flops), None
 

@@ -19,13 +19,15 @@ def plan(
     hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="List the built-in models and exit.")] = False,
     task: Annotated[str | None, typer.Option(help="train, finetune-lora or infer.")] = None,
-    batch: Annotated[int | None, typer.Option(help="Micro-batch per GPU.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU "
+                                                   "[--micro-batch x --gpus].")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Samples per GPU per forward; the rest of --batch is "
+                                                         "accumulated [--batch / --gpus, else 1].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
     optimizer: Annotated[str | None, typer.Option(help="adamw or sgd (momentum 0.9).")] = None,
     checkpointing: Annotated[str | None, typer.Option(help="none or full (recompute every block).")] = None,
-    grad_accum: Annotated[int | None, typer.Option(help="Micro-batches per optimizer step.")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
@@ -64,10 +66,11 @@ def plan(
     if (lora_rank is not None or qlora) and task != "finetune-lora":
         raise GpuwiseError(f"{'--qlora' if qlora else '--lora-rank'} applies to LoRA fine-tuning",
                            "add --task finetune-lora")
-    given = {"task": task, "batch": batch, "seq": seq, "image_size": image_size, "precision": precision,
-             "optimizer": optimizer, "checkpointing": checkpointing, "grad_accum": grad_accum, "gpus": n_gpus,
-             "sharding": sharding, "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
-    setup = Setup(**{k: v for k, v in given.items() if v is not None})
+    given = {"task": task, "seq": seq, "image_size": image_size, "precision": precision,
+             "optimizer": optimizer, "checkpointing": checkpointing, "sharding": sharding,
+             "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
+    setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or 1,
+                            **{k: v for k, v in given.items() if v is not None})
     primary = None
     if gpu is None:  # remedies for this machine's GPU (--device's, or the default one) when the catalog knows it
         from gpuwise.hardware.device import local_machine, resolve_device

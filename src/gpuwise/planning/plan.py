@@ -1,7 +1,7 @@
 """A Workload on GPUs: peak memory, whether it fits, the largest micro-batch, and what to change if not.
 
 >>> from gpuwise.planning import plan_model
->>> p = plan_model("gpt2", Setup(batch=4, seq=256), gpu="rtx-4090")   # doctest: +SKIP
+>>> p = plan_model("gpt2", Setup(micro_batch=4, seq=256), gpu="rtx-4090")   # doctest: +SKIP
 >>> p.gpus[0].fits, p.max_batch                                        # doctest: +SKIP
 """
 
@@ -137,13 +137,13 @@ def step_time_floor(w: Workload, acc: Accelerator,
 
 def fit_on(w: Workload, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES, calibration=None) -> GpuFit:
     """Whether ``w`` fits on ``acc``, and the largest micro-batch that does (0: not even 1)."""
-    peak = int(_per_gpu(w, w.timeline).live(w.setup.batch).sum(axis=1).max())
+    peak = int(_per_gpu(w, w.timeline).live(w.setup.micro_batch).sum(axis=1).max())
     required = peak + overhead_bytes
     headroom = acc.memory_bytes - required
     status: Status = "no" if headroom < 0 else "tight" if headroom < TIGHT_FRACTION * acc.memory_bytes else "fits"
     max_batch = 0
     if w.batch_model is not None:
-        b = w.setup.batch
+        b = w.setup.micro_batch
         max_batch = _per_gpu(w, w.batch_model).max_batch(acc.memory_bytes - overhead_bytes, MAX_BATCH)
         max_batch = max(max_batch, b) if headroom >= 0 else min(max_batch, b - 1)  # the exact capture decides at b
     step_s, rates = step_time_floor(w, acc, calibration)
@@ -174,14 +174,14 @@ class _Planner:
 def _micro(planner: _Planner, s: Setup, total: int, acc: Accelerator) -> int:
     """The largest micro-batch that fits ``acc`` and divides ``total`` samples per GPU (0 if none)."""
     if total == 1 or not s.training:
-        fit = fit_on(planner.workload(replace(s, batch=1, grad_accum=1), batch_model=total > 1), acc)
+        fit = fit_on(planner.workload(replace(s, micro_batch=1, grad_accum=1), batch_model=total > 1), acc)
         return 0 if not fit.fits else 1 if total == 1 else min(fit.max_batch, total)
-    fit = fit_on(planner.workload(replace(s, batch=total, grad_accum=2), batch_model=True), acc)
+    fit = fit_on(planner.workload(replace(s, micro_batch=total, grad_accum=2), batch_model=True), acc)
     return next((m for m in range(min(fit.max_batch, total), 0, -1) if total % m == 0), 0)
 
 
 def _with_micro(s: Setup, micro: int, total: int) -> Setup:
-    return replace(s, batch=micro, grad_accum=total // micro)
+    return replace(s, micro_batch=micro, grad_accum=total // micro)
 
 
 def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]:
@@ -204,11 +204,11 @@ def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]
         return bool(out) and out[-1].status == "fits"
 
     s = setup
-    total = s.batch * s.grad_accum  # samples per GPU per optimizer step; the global batch is total x gpus
+    total = s.micro_batch * s.grad_accum  # samples per GPU per optimizer step; the global batch is total x gpus
     if not s.training:
-        micro = _micro(planner, s, s.batch, acc) if s.batch > 1 else 0
+        micro = _micro(planner, s, s.micro_batch, acc) if s.micro_batch > 1 else 0
         if micro:
-            attempt(f"smaller batch {micro}", replace(s, batch=micro))
+            attempt(f"smaller batch {micro}", replace(s, micro_batch=micro))
         return out
     if s.precision in ("fp32", "tf32"):
         half = half_precision(bf16=bool(acc.peak_tflops.get("bf16")))  # no bf16 before Ampere
@@ -216,9 +216,9 @@ def _remedies(planner: _Planner, setup: Setup, acc: Accelerator) -> list[Remedy]
             s = replace(s, precision=half)
     if s.checkpointing == "none" and attempt("activation checkpointing", replace(s, checkpointing="full")):
         s = replace(s, checkpointing="full")
-    if s.batch > 1 and not fitted():
+    if s.micro_batch > 1 and not fitted():
         micro = _micro(planner, s, total, acc)
-        if 0 < micro < s.batch and total // micro <= MAX_ACCUM:
+        if 0 < micro < s.micro_batch and total // micro <= MAX_ACCUM:
             m = _with_micro(s, micro, total)
             if attempt(f"micro-batch {micro} x {total // micro} accumulation (same batch)", m):
                 s = m
@@ -261,7 +261,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     planner = _Planner(source)
     w = planner.workload(setup, batch_model=True)
     tl = _per_gpu(w, w.timeline)
-    live = tl.live(setup.batch)
+    live = tl.live(setup.micro_batch)
     totals = live.sum(axis=1)
     i = int(totals.argmax())
     phase, block = tl.labels[i]

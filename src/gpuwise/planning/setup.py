@@ -37,12 +37,12 @@ def _positive(field: str, value: int | None, limit: int) -> None:
 class Setup:
     """One training or inference step as the user would run it.
 
-    >>> Setup(batch=8, precision="bf16-mixed").compute_dtype
+    >>> Setup(micro_batch=8, precision="bf16-mixed").compute_dtype
     torch.bfloat16
     """
 
     task: Task = "train"
-    batch: int = 1  # micro-batch per GPU
+    micro_batch: int = 1  # samples per GPU per forward; the global batch is micro_batch x grad_accum x gpus
     seq: int | None = None  # tokens; None = the model's default
     image_size: int | None = None  # pixels per side; None = the model's default
     precision: Precision = "bf16-mixed"
@@ -62,7 +62,7 @@ class Setup:
         _choice("checkpointing", self.checkpointing, Checkpointing)
         _choice("sharding", self.sharding, Sharding)
         _choice("attention", self.attention, Attention)
-        _positive("batch", self.batch, MAX_BATCH)
+        _positive("micro_batch", self.micro_batch, MAX_BATCH)
         _positive("seq", self.seq, 1 << 24)
         _positive("image_size", self.image_size, 1 << 14)
         _positive("grad_accum", self.grad_accum, MAX_ACCUM)
@@ -71,7 +71,7 @@ class Setup:
         if self.qlora and self.task != "finetune-lora":
             raise GpuwiseError("--qlora quantises the frozen base of a LoRA fine-tune", "add --task finetune-lora")
         if self.task == "infer":
-            for flag, bad in (("--grad-accum", self.grad_accum != 1),
+            for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
                               ("--checkpointing full", self.checkpointing != "none"),
                               ("--sharding", self.sharding != "ddp"), ("--gpus", self.gpus != 1)):
                 if bad:
@@ -103,10 +103,36 @@ class Setup:
         """Trainable weights: fp32 under autocast (they are the master copy), else the compute dtype."""
         return self.spec.weight_dtype
 
+    @property
+    def batch(self) -> int:
+        """The global batch: samples per optimizer step over every GPU."""
+        return self.micro_batch * self.grad_accum * self.gpus
+
+    @classmethod
+    def for_batch(cls, *, batch: int | None = None, micro_batch: int | None = None, gpus: int = 1,
+                  **rest) -> Setup:
+        """The one translation from what people give (a global ``--batch``, a per-GPU ``--micro-batch``, or
+        both) to a Setup: the accumulation is what is left, ``batch / (micro_batch x gpus)``.
+
+        >>> Setup.for_batch(batch=32, micro_batch=4, gpus=2).grad_accum
+        4
+        """
+        _positive("batch", batch, MAX_BATCH * MAX_ACCUM)
+        _positive("micro_batch", micro_batch, MAX_BATCH)
+        _positive("gpus", gpus, 1 << 16)
+        if batch is None:
+            return cls(micro_batch=micro_batch or 1, gpus=gpus, **rest)
+        micro = micro_batch or batch // gpus
+        if micro == 0 or batch % (micro * gpus):
+            per = f"{gpus} GPUs x micro-batch {micro}" if micro_batch else f"{gpus} GPUs"
+            raise GpuwiseError(f"--batch {batch} does not split evenly over {per}",
+                               f"pass a --batch that is a multiple of {micro * gpus if micro else gpus}")
+        return cls(micro_batch=micro, grad_accum=batch // (micro * gpus), gpus=gpus, **rest)
+
     def describe(self) -> str:
-        parts = [self.task, f"batch {self.batch}"]
-        if self.grad_accum > 1:
-            parts.append(f"x {self.grad_accum} accumulation")
+        split = [f"micro-batch {self.micro_batch}"] + ([f"{self.grad_accum} accumulation"] if self.grad_accum > 1
+                                                       else []) + ([f"{self.gpus} GPUs"] if self.gpus > 1 else [])
+        parts = [self.task, f"batch {self.batch}" + (f" ({' x '.join(split)})" if len(split) > 1 else "")]
         parts.append(self.precision)
         if self.training:
             parts += [self.optimizer, f"checkpointing {self.checkpointing}"]

@@ -24,8 +24,8 @@ class Workload:
     flops_per_step: int
     bytes_per_step: int
     tokens_per_step: int
-    timeline: Timeline = field(repr=False)  # exact at setup.batch
-    batch_model: Timeline | None = field(repr=False)  # affine in the batch, valid from setup.batch (+1 at worst)
+    timeline: Timeline = field(repr=False)  # exact at setup.micro_batch
+    batch_model: Timeline | None = field(repr=False)  # affine in the batch, valid from setup.micro_batch (+1 at worst)
     uncosted: dict[str, int]
     captured_blocks: tuple[int, ...] | None  # (2, 3) when a stack of blocks was captured small and scaled
 
@@ -40,7 +40,7 @@ def _timelines(
 ) -> tuple[Capture, Timeline, Timeline | None]:
     """The capture at the batch, its timeline, and the batch model: captures at b and b+1 share their op
     sequence except where an op takes another path at batch 1 (ViT's class token); then b+1 and b+2 give it."""
-    b = setup.batch
+    b = setup.micro_batch
     c = capture(source, setup, batch=b, n_layer=n_layer)
     if not batch_model:
         return c, _alone(c), None
@@ -59,7 +59,7 @@ def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
     """
     source.check(setup)
     n_layer = source.n_layer
-    tokens = source.tokens(setup) * setup.batch * setup.grad_accum
+    tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum
     if n_layer is not None and n_layer > 3:
         c2, t2, m2 = _timelines(source, setup, 2, batch_model)
         c3, t3, m3 = _timelines(source, setup, 3, batch_model)

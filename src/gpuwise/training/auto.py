@@ -33,7 +33,7 @@ def choose(source, *, precision: str | None, seq: int | None, per_rank: int, fre
     precision, why = choose_precision(device_type, bf16) if precision is None else (precision, "as asked")
     overhead = OVERHEAD_BYTES if device_type == "cuda" else 0
     capacity = free_bytes * (1 - TIGHT_FRACTION) - overhead
-    w = simulate(source, Setup(batch=1, seq=seq, precision=precision, grad_accum=2 if per_rank > 1 else 1,
+    w = simulate(source, Setup(micro_batch=1, seq=seq, precision=precision, grad_accum=2 if per_rank > 1 else 1,
                                checkpointing="full" if checkpointing else "none"))
     fits = w.batch_model.max_batch(capacity, per_rank) if w.batch_model is not None else per_rank
     micro = next((m for m in range(min(fits, per_rank), 0, -1) if per_rank % m == 0), 0)

@@ -103,7 +103,7 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
                  on_event: Callable[[str], None] | None = None,
                  environ: Mapping[str, str] | None = None) -> TrainSummary:
     """Train as ``gpuwise train`` does; ``on_event`` hears the choices made (auto settings, OOM retries)."""
-    from gpuwise.bench.device import device_for
+    from gpuwise.hardware.device import device_for
 
     if opts.resume and not opts.checkpoint_dir:
         raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
@@ -164,8 +164,9 @@ def _run(opts: TrainOptions, ranks: Ranks, name: str, cuda: bool, on_log, on_eve
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                   betas=(0.9, 0.95), **({"fused": True} if fused else {"foreach": True}))
     micro = config.micro_batch or config.batch // ranks.world_size
-    setup = Setup(batch=micro, seq=task.seq, precision=config.precision, grad_accum=config.batch // ranks.world_size
-                  // micro, checkpointing="full" if config.checkpointing else "none")
+    setup = Setup(micro_batch=micro, seq=task.seq, precision=config.precision,
+                  grad_accum=config.batch // ranks.world_size // micro,
+                  checkpointing="full" if config.checkpointing else "none")
     try:
         flops = simulate(task.source, setup, batch_model=False).flops_per_step  # per process, as the peak is
     except GpuwiseError:
