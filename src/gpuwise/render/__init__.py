@@ -1,0 +1,68 @@
+"""Renderers: library results -> rich tables for people, plain dicts for ``--json``; one file per command.
+
+Every command hands its result to ``emit``, which picks the table or the JSON view by the result's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from gpuwise.hardware.catalog import Accelerator
+from gpuwise.render._common import print_json, to_jsonable
+from gpuwise.render.bench import render_bench, render_compare
+from gpuwise.render.doctor import doctor_json, render_doctor
+from gpuwise.render.gpus import local_json, render_accelerator, render_catalog, render_local
+from gpuwise.render.plan import plan_json, render_models, render_plan
+from gpuwise.render.train import TrainProgress, render_train
+
+if TYPE_CHECKING:
+    from gpuwise.models import ZooModel
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogRows:
+    """``gpuwise gpus`` with filters: the rows that matched."""
+
+    rows: tuple[Accelerator, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelList:
+    """``gpuwise plan --list-models``."""
+
+    models: tuple[ZooModel, ...]
+
+
+def _models_json(listing: ModelList) -> list[dict[str, Any]]:
+    return [{"name": m.name, "params": m.published_params, "blocks": m.n_layer, "inputs": m.inputs,
+             "default_seq": m.default_seq, "default_image_size": m.default_image_size, "source": m.source}
+            for m in listing.models]
+
+
+def _views() -> dict[str, tuple[Any, Any]]:
+    """Result type name -> (table renderer, JSON view). By name: the torch-importing types load on demand."""
+    return {
+        "DoctorReport": (render_doctor, doctor_json),
+        "LocalMachine": (render_local, local_json),
+        "Accelerator": (render_accelerator, lambda a: [a]),
+        "CatalogRows": (lambda c, console: render_catalog(list(c.rows), console), lambda c: list(c.rows)),
+        "ModelList": (lambda m, console: render_models(list(m.models), console), _models_json),
+        "MemoryPlan": (render_plan, plan_json),
+        "TrainSummary": (render_train, lambda s: s),
+    }
+
+
+def emit(result: Any, *, json: bool, console: Console | None = None) -> None:
+    """Print a command's result: as JSON with ``json``, else as its tables (on stdout unless ``console``)."""
+    table, as_json = _views()[type(result).__name__]
+    if json:
+        print_json(as_json(result))
+    else:
+        table(result, console or Console(highlight=False, soft_wrap=False))
+
+
+__all__ = ["CatalogRows", "ModelList", "TrainProgress", "emit", "print_json", "render_bench", "render_compare",
+           "to_jsonable"]

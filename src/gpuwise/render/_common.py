@@ -1,0 +1,50 @@
+"""What every renderer shares: number formats and the JSON view of dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from gpuwise.hardware.catalog import Accelerator
+
+_STATUS_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
+
+
+def _num(value: float | None, fmt: str = "g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _short(value: float | None) -> str:
+    """A rate or bandwidth for a narrow column: whole numbers from 100 up, else 3 digits."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses (and lists of them) as plain JSON-ready values."""
+    if isinstance(obj, Accelerator):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(to_jsonable(data), indent=2))
+
+
+def _count(n: int) -> str:
+    """Parameters as people say them: 124.4 M, 6.74 B."""
+    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.4g} M" if n >= 1e6 else f"{n:,}"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None or s != s:
+        return "-"
+    return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"

@@ -1,0 +1,64 @@
+"""``gpuwise bench``: timings, rates and comparisons."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpuwise.render._common import _seconds
+
+if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
+    from gpuwise.bench.suite import BenchResult
+
+
+def _rate(r: BenchResult) -> str:
+    if r.gbps is not None:
+        return f"{r.gbps:,.1f} GB/s"
+    return f"{r.tflops:.3g} TF/s" if r.tflops is not None else "-"
+
+
+def render_bench(results: list[BenchResult], header: str, console: Console) -> None:
+    show_peak = any(r.pct_of_peak is not None for r in results)
+    show_cpu = any(r.speedup_vs_cpu is not None for r in results)
+    table = Table(title=f"gpuwise bench: {header}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    columns = [("op", "left"), ("dtype", "left"), ("shape", "left"), ("median", "right"), ("±", "right"),
+               ("rate", "right")] + [("peak", "right")] * show_peak + [("vs CPU", "right")] * show_cpu
+    for col, justify in columns:
+        table.add_column(col, justify=justify, no_wrap=col not in ("shape",), overflow="fold")
+    for r in results:
+        op = f"{r.op} {r.backend}" if r.backend else r.op
+        if not r.repeats:
+            table.add_row(op, r.dtype, r.shape, Text(r.note or "not run", style="yellow"), "", "",
+                          *[""] * (show_peak + show_cpu))
+            continue
+        spread = 50 * (r.p90_s - r.p10_s) / r.median_s if r.median_s else 0.0
+        row = [op, r.dtype, r.shape, _seconds(r.median_s), f"{spread:.0f}%", _rate(r)]
+        if show_peak:
+            row.append("-" if r.pct_of_peak is None else f"{r.pct_of_peak:.0f}%")
+        if show_cpu:
+            row.append("-" if r.speedup_vs_cpu is None else f"{r.speedup_vs_cpu:.1f}x")
+        table.add_row(*row)
+    console.print(table)
+    console.print("median of timed repeats after warm-up, the device synchronised before every clock read; ±: "
+                  "half the p10-p90 spread" + ("; peak: share of the catalog's dense figure for this device and "
+                                                "dtype (bandwidth for copies)" if show_peak else "") + ".")
+
+
+def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: tuple[str, str],
+                   console: Console) -> None:
+    table = Table(title=f"{names[1]} against {names[0]}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), (names[0], "right"),
+                         (names[1], "right"), ("speed-up", "right")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for a, b, ratio in pairs:
+        op = f"{a.op} ({a.backend})" if a.backend else a.op
+        style = "green" if ratio > 1.05 else "red" if ratio < 0.95 else ""
+        table.add_row(op, a.dtype, a.shape, _seconds(a.median_s), _seconds(b.median_s),
+                      Text(f"{ratio:.2f}x", style=style))
+    console.print(table)
+    if not pairs:
+        console.print("no results in common (same op, dtype, shape and backend)")

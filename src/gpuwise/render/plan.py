@@ -1,0 +1,114 @@
+"""``gpuwise plan``: the plan, its GPU table and remedies; the built-in models."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpuwise.render._common import _count, _seconds, to_jsonable
+from gpuwise.units import human_bytes
+
+if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
+    from gpuwise.models import ZooModel
+    from gpuwise.planning.plan import MemoryPlan
+
+
+def plan_json(plan: MemoryPlan) -> dict[str, Any]:
+    """Every field of the plan but the timeline arrays."""
+    skip = {"timeline", "timeline_phases"}
+    data = {f.name: to_jsonable(getattr(plan, f.name)) for f in dataclasses.fields(plan) if f.name not in skip}
+    for remedy, raw in zip(data["remedies"], plan.remedies, strict=True):
+        remedy.pop("setup")
+        remedy["fits"] = raw.fits
+    for fit in data["gpus"]:
+        fit["fits"] = fit["status"] != "no"
+    return data
+
+
+_FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
+
+
+def render_plan(plan: MemoryPlan, console: Console) -> None:
+    s = plan.setup
+    unit = "token" if plan.tokens_per_step > s.batch * s.grad_accum else "sample"
+    console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
+                  f"{unit}s per step")
+    head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column(overflow="fold")
+    trainable = f" ({_count(plan.trainable_params)} trainable)" if plan.trainable_params != plan.params else ""
+    head.add_row("parameters", f"{_count(plan.params)}{trainable}")
+    per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
+    head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
+    head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
+                 f"{human_bytes(plan.overhead_bytes)} CUDA context and workspaces")
+    if s.training:
+        head.add_row("activations", f"{human_bytes(plan.activations_bytes)} saved for backward at the end of forward")
+    if plan.captured_blocks:
+        head.add_row("captured", "2 and 3 blocks on fake tensors, scaled to the full stack")
+    if plan.uncosted:
+        head.add_row("uncosted ops", Text(", ".join(f"{op} x{n}" for op, n in sorted(plan.uncosted.items()))
+                                          + " (no FLOP formula: not counted)", style="yellow"))
+    console.print(head)
+
+    total = max(plan.peak_bytes, 1)
+    at_peak = Table(title="memory at the peak", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    at_peak.add_column("category", no_wrap=True)
+    at_peak.add_column("bytes", justify="right", no_wrap=True)
+    at_peak.add_column("share", justify="right", no_wrap=True)
+    at_peak.add_column("", no_wrap=True)
+    for cat, value in plan.breakdown.items():
+        if value:
+            at_peak.add_row(cat, human_bytes(value), f"{100 * value / total:.0f}%", "█" * round(30 * value / total))
+    console.print(at_peak)
+
+    fits = Table(title=f"fit (needs = peak + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
+                 padding=(0, 1), pad_edge=False)
+    for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
+                         ("fits", "left"), ("max batch", "right"), ("step ≥", "right")):
+        fits.add_column(col, justify=justify, no_wrap=True)
+    for f in plan.gpus:
+        head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
+        fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
+                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch),
+                     "-" if f.step_time_s is None else _seconds(f.step_time_s) + ("*" if f.rates == "measured" else ""))
+    console.print(fits)
+    measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
+    rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
+    console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
+    if plan.remedies:
+        rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
+                          "(LoRA from the one-GPU step); flags: all to add to your command",
+                    box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        rem.add_column("change", overflow="fold")
+        rem.add_column("flags", overflow="fold", style="cyan")
+        rem.add_column("needs", justify="right", no_wrap=True)
+        rem.add_column("fits", no_wrap=True)
+        for r in plan.remedies:
+            rem.add_row(r.name, r.flags, human_bytes(r.required_bytes), Text(r.status, style=_FIT_STYLE[r.status]))
+        console.print(rem)
+    elif not plan.fits:
+        if s.training:
+            console.print(f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
+        else:
+            console.print(f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than "
+                          "it has (tensor parallelism and weight quantisation are not planned yet)")
+
+
+def render_models(models: list[ZooModel], console: Console) -> None:
+    table = Table(title="built-in models (gpuwise plan --model NAME)", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  pad_edge=False)
+    for col, justify in (("name", "left"), ("params", "right"), ("blocks", "right"), ("input", "left"),
+                         ("default", "right")):
+        table.add_column(col, justify=justify, no_wrap=True)
+    for m in models:
+        default = f"{m.default_seq} tokens" if m.default_seq else f"{m.default_image_size}px" if m.default_image_size \
+            else f"{m.config.in_features} features"
+        table.add_row(m.name, _count(m.published_params), str(m.n_layer or "-"),
+                      m.inputs, default)
+    console.print(table)
