@@ -130,3 +130,130 @@ def test_plans_use_calibrated_rates_and_say_so(capsys, tmp_path, monkeypatch):
     assert fit["step_time_s"] == pytest.approx(max(before["flops_per_step"] / 10e12, before["bytes_per_step"] / 100e9))
     code, out, _ = run(capsys, *args[:-1])
     assert "h100-sxm)" in out and "--calibrate measured" in out
+
+
+# --- the device's catalog row ----------------------------------------------------------------------------
+
+
+def _two_gpu_machine():
+    """GPU 0 an H100, GPU 1 an A100 80GB, as ``describe_local`` sees them through NVML and torch."""
+    from dataclasses import replace
+
+    from conftest import cuda_env, gpu, nvml
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.hardware.detect import describe_local
+
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    env = cuda_env(count=2)
+    env = replace(env, torch=replace(env.torch, devices=(gpu(h100, (9, 0), index=0), gpu(a100, (8, 0), index=1))),
+                  nvml_devices=(nvml(h100, (9, 0), index=0), nvml(a100, (8, 0), index=1)))
+    return describe_local(env, load_catalog())
+
+
+def test_cuda_1_uses_gpu_1s_catalog_row(capsys, tmp_path, monkeypatch):
+    """``bench --device cuda:1`` on an H100 + A100 machine: pct_of_peak, the roofline's ceilings and
+    --calibrate all use the A100's row. Only the torch side is stubbed (no CUDA here): the timing handle and
+    the timer, which reports 1 ms per call; the device resolution and run_bench are the real ones."""
+    from gpuwise.bench import suite
+    from gpuwise.bench.measure import Measurement
+    from gpuwise.hardware import device as devices
+    from gpuwise.hardware.calibration import load_calibrations
+    from gpuwise.hardware.catalog import load_catalog
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(devices, "local_machine", lambda environ: _two_gpu_machine())
+    handles = []
+    monkeypatch.setattr(suite, "device_for", lambda name: handles.append(name) or devices.CpuDevice(name=name))
+
+    def timed(case, dev, *, warmup, repeats):
+        flops = 2.0 * case.dims["m"] * case.dims["n"] * case.dims["k"] if case.op == "gemm" else None
+        m = Measurement(name=case.op, device=dev.name, warmup=warmup, repeats=repeats, times_s=(1e-3,) * repeats,
+                        median_s=1e-3, p10_s=1e-3, p90_s=1e-3, peak_memory_bytes=None, flops=flops, bytes=case.bytes)
+        return m, flops, case.bytes
+
+    monkeypatch.setattr(suite, "run_case", timed)
+    drawn = {}
+    monkeypatch.setattr("gpuwise.plot.plot_roofline", lambda results, path, **kw: drawn.update(kw))
+    code, out, err = run(capsys, "bench", "--device", "cuda:1", "--quick", "--ops", "gemm,copy", "--dtype", "bf16",
+                         "--calibrate", "--plot", str(tmp_path / "roof.png"), "--json")
+    assert code == 0, err
+    assert handles[0] == "cuda:1"
+    a100, h100 = load_catalog().get("a100-80gb-sxm"), load_catalog().get("h100-sxm")
+    rows = json.loads(out)
+    gemm = next(r for r in rows if r["op"] == "gemm" and r["dims"] == {"m": 2048, "n": 2048, "k": 2048})
+    assert gemm["device"] == "cuda:1" and gemm["tflops"] == pytest.approx(2 * 2048**3 / 1e-3 / 1e12)
+    assert gemm["pct_of_peak"] == pytest.approx(100 * gemm["tflops"] / a100.peak_tflops.bf16)  # not the H100's
+    assert gemm["pct_of_peak"] != pytest.approx(100 * gemm["tflops"] / h100.peak_tflops.bf16)
+    copy = next(r for r in rows if r["op"] == "copy")
+    assert copy["pct_of_peak"] == pytest.approx(100 * copy["bytes"] / 1e-3 / 1e9 / a100.memory_bandwidth_gbps)
+    assert drawn["ceilings"] == {"bf16": a100.peak_tflops.bf16} and drawn["peak_gbps"] == a100.memory_bandwidth_gbps
+    assert drawn["title"].startswith("cuda:1 (NVIDIA A100-SXM4-80GB)")
+    cal = load_calibrations(tmp_path / "gpuwise")
+    assert set(cal) == {"a100-80gb-sxm"} and cal["a100-80gb-sxm"].tflops["bf16"] == pytest.approx(gemm["tflops"])
+    code, out, err = run(capsys, "bench", "--device", "cuda", "--quick", "--ops", "gemm", "--dtype", "bf16", "--json")
+    assert code == 0 and json.loads(out)[0]["pct_of_peak"] == pytest.approx(
+        100 * json.loads(out)[0]["tflops"] / h100.peak_tflops.bf16)  # the default GPU is GPU 0, the H100
+    code, _, err = run(capsys, "bench", "--device", "cuda:2", "--quick")
+    assert code == 2 and "there are 2 CUDA GPUs" in err
+
+
+# --- numbers, not strings ---------------------------------------------------------------------------------
+
+
+def test_cases_carry_their_sizes_and_least_bytes_as_numbers():
+    """A GEMM's bytes are A and B read once and C written once, from the element widths (fp8 writes bf16)."""
+    import torch
+
+    from gpuwise.bench.suite import OPS, _gemm, cases
+
+    assert _gemm(8192, 14336, 4096, "bf16").bytes == (8192 * 4096 + 4096 * 14336 + 8192 * 14336) * 2
+    assert _gemm(64, 32, 16, "fp32").bytes == (64 * 16 + 16 * 32 + 64 * 32) * 4
+    assert _gemm(64, 32, 16, "fp8").bytes == 64 * 16 + 16 * 32 + 64 * 32 * 2
+    for case in cases(torch.device("cuda"), quick=False, ops=OPS, dtypes=("bf16", "fp8")):
+        assert case.dims and all(isinstance(v, int) for v in case.dims.values()), case.op
+        if case.op == "gemm":
+            m, n, k = case.dims["m"], case.dims["n"], case.dims["k"]
+            assert case.shape == f"{m}x{k} @ {k}x{n}"
+
+
+def test_a_file_saved_before_dims_existed_still_compares(capsys, tmp_path):
+    """Files from the version before dims (a shape label and no dims, GEMM bytes null) load and compare."""
+    code, out, err = run(capsys, *FAST, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    old = [{k: v for k, v in r.items() if k != "dims"} | ({"bytes": None} if r["op"] == "gemm" else {})
+           for r in rows]
+    (tmp_path / "old.json").write_text(json.dumps({"gpuwise_bench": 1, "machine": {"device": "cpu (old)"},
+                                                   "results": old}))
+    (tmp_path / "new.json").write_text(json.dumps({"gpuwise_bench": 1, "machine": {}, "results": rows}))
+    code, out, err = run(capsys, "bench", "--compare", str(tmp_path / "old.json"), "--compare",
+                         str(tmp_path / "new.json"), "--json")
+    assert code == 0, err
+    pairs = json.loads(out)
+    assert len(pairs) == len(rows) and all(p["speedup"] == 1.0 for p in pairs)
+    code, out, err = run(capsys, "bench", "--compare", str(tmp_path / "old.json"), "--compare",
+                         str(tmp_path / "new.json"))
+    assert code == 0 and "against" in out and "1.00x" in out
+
+
+def test_the_roofline_places_gemms_by_their_bytes(tmp_path, monkeypatch):
+    """Intensity is FLOPs over the result's own bytes: no label is parsed to find them."""
+    from gpuwise import plot
+    from gpuwise.bench.suite import BenchResult
+
+    def gemm(n, dtype, size):
+        return BenchResult(op="gemm", dtype=dtype, shape="not parsed", dims={"m": n, "n": n, "k": n}, device="cpu",
+                           median_s=1.0, p10_s=1.0, p90_s=1.0, repeats=3, flops=2.0 * n**3, bytes=3.0 * n * n * size,
+                           tflops=2.0 * n**3 / 1e12, gbps=None, peak_memory_bytes=None, pct_of_peak=None,
+                           speedup_vs_cpu=None)
+
+    points = []
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", lambda self, x, y, **kw: points.append((x, y)) or
+                        real(self, x, y, **kw))
+    plot.plot_roofline([gemm(1024, "fp32", 4), gemm(1024, "bf16", 2)], tmp_path / "r.png", title="t",
+                       ceilings={"fp32": 10.0}, peak_gbps=100.0)
+    assert points[0][0] == [2 * 1024 / 3 / 4, 2 * 1024 / 3 / 2]  # 2n^3 / (3 n^2 x element bytes)
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"

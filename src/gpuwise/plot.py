@@ -11,6 +11,7 @@ from gpuwise.files import atomic_path
 from gpuwise.units import GiB
 
 if TYPE_CHECKING:
+    from gpuwise.bench.run import BenchReport
     from gpuwise.planning.plan import MemoryPlan
 
 _COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
@@ -56,18 +57,37 @@ def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
     plt.close(fig)
 
 
+def plot_bench(report: BenchReport, path: str | os.PathLike) -> None:
+    """The roofline of a ``gpuwise bench`` run: a compute ceiling per GEMM dtype that ran and the bandwidth
+    ceiling, from the device's catalog row, else the best this run reached."""
+    results = report.results
+    dtypes_run = sorted({r.dtype for r in results if r.op == "gemm" and r.tflops})
+    acc = report.row
+    if acc:  # a compute ceiling per dtype that ran, from the datasheet
+        ceilings = {d: acc.peak_tflops.get(d) for d in dtypes_run if acc.peak_tflops.get(d)}
+        peak_gbps = acc.memory_bandwidth_gbps
+    else:  # no datasheet: the best this run reached
+        ceilings = {d: max(r.tflops for r in results if r.op == "gemm" and r.dtype == d and r.tflops)
+                    for d in dtypes_run}
+        copies = [r.gbps for r in results if r.op == "copy" and r.gbps]
+        peak_gbps = max(copies) if copies else None
+    source = "catalog" if acc else "best measured"
+    plot_roofline(results, path, title=f"{report.label}: ceilings from the {source}", ceilings=ceilings,
+                  peak_gbps=peak_gbps)
+
+
 def plot_roofline(results, path: str | os.PathLike, *, title: str, ceilings: dict[str, float],
                   peak_gbps: float | None) -> None:
-    """Achieved TFLOPS against arithmetic intensity (FLOPs per byte moved), under the compute and bandwidth
-    ceilings. Ops timed without a byte count are placed by the bytes their inputs and outputs occupy."""
+    """Achieved TFLOPS against arithmetic intensity (FLOPs per byte the op must move), under the compute and
+    bandwidth ceilings. Ops without a byte count (``BenchResult.bytes``) are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for r in results if r.repeats and r.tflops and r.flops and _op_bytes(r)]
+    points = [r for r in results if r.repeats and r.tflops and r.flops and r.bytes]
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    xs = np.array([r.flops / _op_bytes(r) for r in points]) if points else np.array([1.0])
+    xs = np.array([r.flops / r.bytes for r in points]) if points else np.array([1.0])
     lo, hi = max(xs.min() / 4, 0.01), xs.max() * 4
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     styles = iter(["-", "--", "-.", ":", (0, (5, 1))])
@@ -79,7 +99,7 @@ def plot_roofline(results, path: str | os.PathLike, *, title: str, ceilings: dic
         ax.plot(grid, grid * peak_gbps / 1e3, color="black", linewidth=1.0, label=f"bandwidth {peak_gbps:,.0f} GB/s")
     for op in sorted({r.op for r in points}):
         mine = [r for r in points if r.op == op]
-        ax.scatter([r.flops / _op_bytes(r) for r in mine], [r.tflops for r in mine], label=op, s=24)
+        ax.scatter([r.flops / r.bytes for r in mine], [r.tflops for r in mine], label=op, s=24)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
@@ -91,15 +111,3 @@ def plot_roofline(results, path: str | os.PathLike, *, title: str, ceilings: dic
         fig.savefig(tmp, format="png")
     plt.close(fig)
 
-
-def _op_bytes(r) -> float | None:
-    """Bytes an op must move at least: its inputs and outputs once (GEMM: A, B and C)."""
-    if r.bytes:
-        return r.bytes
-    size = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}.get(r.dtype)
-    if r.op == "gemm" and size:
-        import re
-
-        m, k, _, n = (int(v) for v in re.findall(r"\d+", r.shape)[:4])
-        return float((m * k + k * n) * size + m * n * (2 if r.dtype == "fp8" else size))
-    return None

@@ -12,8 +12,8 @@ import contextlib
 import functools
 import itertools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,9 +24,10 @@ from gpuwise.compat import scaled_mm
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.hardware.device import Device, device_for
-from gpuwise.precision import ELEMENT_TYPES, PRECISIONS, tf32_matmuls
+from gpuwise.precision import ELEMENT_TYPES, PRECISIONS, Precision, default_precision, tf32_matmuls
 
 OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")  # block: GPT-2 block, fwd + bwd
+MEMORY_OPS = ("copy", "h2d")  # rated in GB/s (the others in TFLOPS)
 DTYPES = tuple(ELEMENT_TYPES)  # GEMM element types: fp32, tf32, fp16, bf16, fp8
 MIN_ROTATE_BYTES = 64 * 2**20
 CPU_BASELINE_MAX_S = 10.0  # a CPU baseline expected to take longer (all its runs) is skipped
@@ -35,6 +36,10 @@ MIN_REPEAT_S = 1e-3  # a timed repeat runs the op enough times to last this long
 
 @dataclass(frozen=True, kw_only=True)
 class BenchResult:
+    """One timed case. ``dims`` holds its sizes as numbers ({"m", "n", "k"} for a GEMM, {"batch", "heads",
+    "seq", "head_dim"} for attention, ...); ``shape`` is their label for people, never parsed back. ``bytes``
+    is the least an op must move (a GEMM: A and B read, C written once), None where not worked out."""
+
     op: str
     dtype: str
     shape: str
@@ -52,14 +57,19 @@ class BenchResult:
     speedup_vs_cpu: float | None
     backend: str | None = None  # the SDPA kernel that ran
     note: str | None = None
+    dims: Mapping[str, int] = field(default_factory=dict)  # empty in files saved before dims existed
 
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
+    """What to time, sized where it is built: ``dims`` and ``bytes`` are numbers, ``shape`` their label."""
+
     op: str
     dtype: str
+    dims: Mapping[str, int]
     shape: str
-    make: Callable[[torch.device], tuple[Callable[[], object], float | None, float | None]]  # fn, flops, bytes
+    make: Callable[[torch.device], tuple[Callable[[], object], float | None]]  # fn, flops
+    bytes: float | None = None  # the least the op moves (see BenchResult.bytes)
     backend: str | None = None
     cpu: bool = True  # has a CPU baseline
 
@@ -117,18 +127,22 @@ def _gemm(m: int, n: int, k: int, dtype: str) -> Case:
             def fn():
                 a, b = nxt()
                 return a @ b
-        return fn, 2.0 * m * n * k, None
+        return fn, 2.0 * m * n * k
 
-    return Case(op="gemm", dtype=dtype, shape=f"{m}x{k} @ {k}x{n}", make=make, cpu=dtype in ("fp32", "bf16"))
+    size = ELEMENT_TYPES[dtype].bytes
+    out = ELEMENT_TYPES["bf16"].bytes if dtype == "fp8" else size  # fp8 GEMMs write bf16 (out_dtype above)
+    return Case(op="gemm", dtype=dtype, dims={"m": m, "n": n, "k": k}, shape=f"{m}x{k} @ {k}x{n}", make=make,
+                bytes=float((m * k + k * n) * size + m * n * out), cpu=dtype in ("fp32", "bf16"))
 
 
 def _copy(nbytes: int) -> Case:
     def make(device: torch.device):
         src = torch.rand(nbytes // 4, device=device)
         dst = torch.empty_like(src)
-        return (lambda: dst.copy_(src)), None, 2.0 * nbytes  # read + write
+        return (lambda: dst.copy_(src)), None
 
-    return Case(op="copy", dtype="fp32", shape=f"{nbytes // 2**20} MiB", make=make)
+    return Case(op="copy", dtype="fp32", dims={"bytes": nbytes}, shape=f"{nbytes // 2**20} MiB", make=make,
+                bytes=2.0 * nbytes)  # read + write
 
 
 def _h2d(nbytes: int, pinned: bool) -> Case:
@@ -139,10 +153,11 @@ def _h2d(nbytes: int, pinned: bool) -> Case:
         if pinned:
             host = host.pin_memory()
         dst = torch.empty(nbytes // 4, device=device)
-        return (lambda: dst.copy_(host, non_blocking=pinned)), None, float(nbytes)
+        return (lambda: dst.copy_(host, non_blocking=pinned)), None
 
-    return Case(op="h2d", dtype="fp32", shape=f"{nbytes // 2**20} MiB {'pinned' if pinned else 'pageable'}",
-                make=make, cpu=False)
+    return Case(op="h2d", dtype="fp32", dims={"bytes": nbytes, "pinned": int(pinned)},
+                shape=f"{nbytes // 2**20} MiB {'pinned' if pinned else 'pageable'}", make=make,
+                bytes=float(nbytes), cpu=False)
 
 
 _BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
@@ -166,9 +181,10 @@ def _attention(b: int, h: int, s: int, d: int, dtype: str, backend: str) -> Case
                 return F.scaled_dot_product_attention(q, k, v)
 
         fn()  # fails here, before timing, if the backend cannot run these inputs
-        return fn, 4.0 * b * h * s * s * d, None
+        return fn, 4.0 * b * h * s * s * d
 
-    return Case(op="attention", dtype=dtype, shape=f"b{b} h{h} s{s} d{d}", make=make, backend=backend)
+    return Case(op="attention", dtype=dtype, dims={"batch": b, "heads": h, "seq": s, "head_dim": d},
+                shape=f"b{b} h{h} s{s} d{d}", make=make, backend=backend)
 
 
 def _conv2d(b: int, c: int, hw: int, dtype: str) -> Case:
@@ -176,9 +192,10 @@ def _conv2d(b: int, c: int, hw: int, dtype: str) -> Case:
         t = ELEMENT_TYPES[dtype].torch_dtype
         w = _randn((c, c, 3, 3), t, device)
         nxt = _rotating(lambda: _randn((b, c, hw, hw), t, device), b * c * hw * hw * t.itemsize, device)
-        return (lambda: F.conv2d(nxt(), w, padding=1)), 2.0 * b * c * hw * hw * c * 9, None
+        return (lambda: F.conv2d(nxt(), w, padding=1)), 2.0 * b * c * hw * hw * c * 9
 
-    return Case(op="conv2d", dtype=dtype, shape=f"{b}x{c}x{hw}x{hw} 3x3", make=make)
+    return Case(op="conv2d", dtype=dtype, dims={"batch": b, "channels": c, "height": hw, "width": hw, "kernel": 3},
+                shape=f"{b}x{c}x{hw}x{hw} 3x3", make=make)
 
 
 def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
@@ -196,9 +213,10 @@ def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
         def fn():
             block(nxt()).float().square().mean().backward()
 
-        return fn, _fake_flops(lambda: Block(cfg), (b, s, h)), None
+        return fn, _fake_flops(lambda: Block(cfg), (b, s, h))
 
-    return Case(op="block", dtype=dtype, shape=f"b{b} s{s} h{h}", make=make)
+    return Case(op="block", dtype=dtype, dims={"batch": b, "seq": s, "hidden": h, "heads": heads},
+                shape=f"b{b} s{s} h{h}", make=make)
 
 
 def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) -> float:
@@ -213,8 +231,8 @@ def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) ->
     return float(tracker.flops)
 
 
-def _train_step(model: str, batch: int, seq: int, cuda: bool) -> Case:
-    """One AdamW step of a built-in model (bf16 autocast on GPUs, fp32 on the CPU); FLOPs from the planner."""
+def _train_step(model: str, batch: int, seq: int, precision: Precision) -> Case:
+    """One AdamW step of a built-in model in ``precision``; FLOPs from the planner."""
 
     def make(device: torch.device):
         from gpuwise.models import get_model
@@ -238,14 +256,16 @@ def _train_step(model: str, batch: int, seq: int, cuda: bool) -> Case:
 
         flops = simulate(ZooSource(zoo=zoo), Setup(micro_batch=batch, seq=seq, precision=precision),
                          batch_model=False).flops_per_step
-        return fn, float(flops), None
+        return fn, float(flops)
 
-    precision = "bf16-mixed" if cuda else "fp32"
-    return Case(op="train-step", dtype=precision, shape=f"{model} b{batch} s{seq}", make=make)
+    return Case(op="train-step", dtype=precision, dims={"batch": batch, "seq": seq},
+                shape=f"{model} b{batch} s{seq}", make=make)
 
 
-def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tuple[str, ...]) -> list[Case]:
-    """What to run on ``device``."""
+def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tuple[str, ...],
+          bf16: bool = True) -> list[Case]:
+    """What to run on ``device`` (``bf16``: whether it computes in bf16, which sets the training step's
+    default precision)."""
     gpu = device.type != "cpu"
     out: list[Case] = []
     if "gemm" in ops:
@@ -274,8 +294,8 @@ def cases(device: torch.device, *, quick: bool, ops: tuple[str, ...], dtypes: tu
     if "block" in ops:
         out.append(_block(2, 256, 256, 4, "fp32") if quick else _block(8, 1024, 768, 12, half if gpu else "fp32"))
     if "train-step" in ops:
-        cuda = device.type == "cuda"  # autocast is CUDA's: elsewhere the step runs in fp32
-        out.append(_train_step("gpt2", 1, 128, cuda) if quick else _train_step("gpt2", 8, 1024, cuda))
+        precision = default_precision(gpu=device.type == "cuda", bf16=bf16)  # MPS and CPU: fp32
+        out.append(_train_step("gpt2", 1, 128, precision) if quick else _train_step("gpt2", 8, 1024, precision))
     return out
 
 
@@ -293,8 +313,9 @@ def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[Mea
     """Time one case. A short op runs several times per timed repeat (at least MIN_REPEAT_S), and the
     figures are per call: synchronising around every single call would count its latency as work."""
     device = torch.device(dev.name)
+    nbytes = case.bytes
     with tf32_matmuls(case.dtype == "tf32"):
-        fn, flops, nbytes = case.make(device)
+        fn, flops = case.make(device)
         with measure(case.op, device=dev, warmup=1, repeats=1) as probe:
             for _ in probe:
                 fn()
@@ -315,24 +336,25 @@ def run_case(case: Case, dev: Device, *, warmup: int, repeats: int) -> tuple[Mea
 
 def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
               dtypes: tuple[str, ...] = ("fp32", "bf16"), accelerator: Accelerator | None = None,
-              progress: Callable[[str], None] | None = None) -> list[BenchResult]:
-    """Every case on ``device`` (and on the CPU for the speed-up), as results."""
+              bf16: bool = True, progress: Callable[[str], None] | None = None) -> list[BenchResult]:
+    """Every case on ``device`` (and on the CPU for the speed-up), as results; ``accelerator`` is the
+    device's catalog row (``pct_of_peak``), ``bf16`` whether it computes in bf16."""
     dev = device_for(device)
     target = torch.device(dev.name)
     cpu = device_for("cpu")
     warmup, repeats = (1, 3) if quick else (3, 10)
     cpu_rate = None  # FLOP/s of this CPU, to skip baselines that would take minutes
     results = []
-    for case in cases(target, quick=quick, ops=ops, dtypes=dtypes):
+    for case in cases(target, quick=quick, ops=ops, dtypes=dtypes, bf16=bf16):
         if progress:
             progress(f"{case.op} {case.dtype} {case.shape}{' ' + case.backend if case.backend else ''}")
         try:
             m, flops, nbytes = run_case(case, dev, warmup=warmup, repeats=repeats)
         except (GpuwiseError, RuntimeError, ValueError, TypeError) as exc:  # a backend or dtype this device lacks
             results.append(BenchResult(
-                op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=math.nan, p10_s=math.nan,
-                p90_s=math.nan, repeats=0, flops=None, bytes=None, tflops=None, gbps=None, peak_memory_bytes=None,
-                pct_of_peak=None, speedup_vs_cpu=None, backend=case.backend,
+                op=case.op, dtype=case.dtype, shape=case.shape, dims=case.dims, device=dev.name, median_s=math.nan,
+                p10_s=math.nan, p90_s=math.nan, repeats=0, flops=None, bytes=None, tflops=None, gbps=None,
+                peak_memory_bytes=None, pct_of_peak=None, speedup_vs_cpu=None, backend=case.backend,
                 note=f"not run: {first_line(exc, limit=100)}"))
             continue
         speedup, note = None, None
@@ -349,10 +371,11 @@ def run_suite(device: str, *, quick: bool = False, ops: tuple[str, ...] = OPS,
                 except (GpuwiseError, RuntimeError, ValueError, TypeError):
                     note = "the CPU cannot run this case"
         peak = _peak(accelerator, case)
-        rate = m.gbps if case.op in ("copy", "h2d") else m.tflops
+        gbps = m.gbps if case.op in MEMORY_OPS else None  # a GEMM's bytes place it on the roofline, not rate it
+        rate = gbps if case.op in MEMORY_OPS else m.tflops
         results.append(BenchResult(
-            op=case.op, dtype=case.dtype, shape=case.shape, device=dev.name, median_s=m.median_s, p10_s=m.p10_s,
-            p90_s=m.p90_s, repeats=m.repeats, flops=flops, bytes=nbytes, tflops=m.tflops, gbps=m.gbps,
+            op=case.op, dtype=case.dtype, shape=case.shape, dims=case.dims, device=dev.name, median_s=m.median_s,
+            p10_s=m.p10_s, p90_s=m.p90_s, repeats=m.repeats, flops=flops, bytes=nbytes, tflops=m.tflops, gbps=gbps,
             peak_memory_bytes=m.peak_memory_bytes, pct_of_peak=None if rate is None or not peak else 100 * rate / peak,
             speedup_vs_cpu=speedup, backend=case.backend, note=note,
         ))

@@ -12,7 +12,14 @@ from rich.console import Console
 
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.render._common import print_json, to_jsonable
-from gpuwise.render.bench import render_bench, render_compare
+from gpuwise.render.bench import (
+    comparison_json,
+    render_bench,
+    render_compare,
+    render_comparison,
+    render_report,
+    report_json,
+)
 from gpuwise.render.doctor import doctor_json, render_doctor
 from gpuwise.render.gpus import local_json, render_accelerator, render_catalog, render_local
 from gpuwise.render.plan import plan_json, render_models, render_plan
@@ -52,6 +59,8 @@ def _views() -> dict[str, tuple[Any, Any]]:
         "ModelList": (lambda m, console: render_models(list(m.models), console), _models_json),
         "MemoryPlan": (render_plan, plan_json),
         "TrainSummary": (render_train, lambda s: s),
+        "BenchReport": (render_report, report_json),
+        "BenchComparison": (render_comparison, comparison_json),
     }
 
 

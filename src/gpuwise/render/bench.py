@@ -12,6 +12,7 @@ from rich.text import Text
 from gpuwise.render._common import _seconds
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
+    from gpuwise.bench.run import BenchComparison, BenchReport
     from gpuwise.bench.suite import BenchResult
 
 
@@ -62,3 +63,25 @@ def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: t
     console.print(table)
     if not pairs:
         console.print("no results in common (same op, dtype, shape and backend)")
+
+
+def render_report(report: BenchReport, console: Console) -> None:
+    """A run's table, then its comparison with the baseline file when there is one."""
+    render_bench(list(report.results), report.label, console)
+    if report.comparison is not None:
+        render_comparison(report.comparison, console)
+
+
+def render_comparison(comparison: BenchComparison, console: Console) -> None:
+    render_compare(list(comparison.pairs), comparison.names, console)
+
+
+def report_json(report: BenchReport) -> list[dict]:
+    from gpuwise.bench.results import to_dicts
+
+    return to_dicts(list(report.results))
+
+
+def comparison_json(comparison: BenchComparison) -> list[dict]:
+    return [{"op": a.op, "dtype": a.dtype, "shape": a.shape, "backend": a.backend, "a_median_s": a.median_s,
+             "b_median_s": b.median_s, "speedup": ratio} for a, b, ratio in comparison.pairs]
