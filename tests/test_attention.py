@@ -365,3 +365,66 @@ def test_kernel_sub_tiles_within_a_mask_block(monkeypatch, tiles):
     monkeypatch.setattr(_kernels, "_fixed", lambda bs: {"BLOCK_M": tiles[0], "BLOCK_N": tiles[1]})
     mask = BlockMask.document([[0] * 100 + [1] * 90, [0] * 30 + [1] * 160], block_size=128)
     _compare(*_qkv(2, 4, 1, 190, 190, 64, torch.float32, seed=5), mask, causal=True)
+
+
+# -- why the kernels run or not --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_kernel_import(monkeypatch):
+    """Forget the kernels' import (and why it failed) for one test; restored after it."""
+    import importlib
+    import sys
+
+    import gpuwise.ops
+
+    att = importlib.import_module("gpuwise.ops.attention")  # the module: gpuwise.ops.attention is the function
+    att._load.cache_clear()
+    monkeypatch.delitem(sys.modules, "gpuwise.ops._kernels", raising=False)
+    monkeypatch.delattr(gpuwise.ops, "_kernels", raising=False)
+    yield att
+    att._load.cache_clear()
+
+
+def test_kernel_status_in_this_process_agrees_with_the_dispatch():
+    from gpuwise.ops.attention import kernel_status
+
+    used, why = kernel_status()
+    assert used is HAS_KERNEL
+    if DEVICE == "cpu" and HAS_KERNEL:
+        assert "interprets them on the CPU (TRITON_INTERPRET=1" in why
+
+
+@pytest.mark.parametrize(("missing", "why"), [
+    ("triton", "Triton is not installed (pip install triton)"),
+    ("triton.language", "Triton does not import (ModuleNotFoundError: "),
+])
+def test_kernel_status_without_a_working_triton(fresh_kernel_import, monkeypatch, missing, why):
+    """Only an ImportError is caught, and what it says is kept: the dispatch then takes the PyTorch path."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, missing, None)  # `import <missing>` raises ModuleNotFoundError
+    assert fresh_kernel_import._kernels() is None
+    used, reason = fresh_kernel_import.kernel_status()
+    assert not used and reason.startswith(why)
+    q = torch.randn(1, 1, 8, 64)
+    assert not uses_kernel(q)
+    assert torch.allclose(attention(q, q, q), reference(q, q, q, None, 1 / 8))
+
+
+def test_kernel_status_on_a_cpu_without_the_interpreter():
+    """Compiled kernels need a GPU: without one (and without TRITON_INTERPRET) the reason says so."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import torch; from gpuwise.ops.attention import kernel_status, uses_kernel; "
+            "print(kernel_status(), uses_kernel(torch.empty(1, 1, 1, 64)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ("(False, 'torch sees no CUDA GPU (TRITON_INTERPRET=1 runs the kernels "
+                                   "interpreted on the CPU)') False")

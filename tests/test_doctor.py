@@ -8,6 +8,7 @@ from conftest import ARCHS_CU126, ARCHS_CU130, cpu_env, cuda_env, gpu, nvml
 from gpuwise.doctor import (
     check_alloc_conf,
     check_arch,
+    check_attention_kernels,
     check_cudnn,
     check_dataloader,
     check_driver,
@@ -36,7 +37,7 @@ def test_cpu_only_machine_gets_one_plain_explanation_not_a_wall_of_failures():
     report = diagnose(cpu_env())
     assert report.exit_code == 0
     statuses = {f.check: f.status for f in report.findings}
-    assert statuses == {"python": "ok", "torch": "ok", "gpu": "warn", "dataloader": "ok"}
+    assert statuses == {"python": "ok", "torch": "ok", "gpu": "warn", "attention": "ok", "dataloader": "ok"}
     gpu_finding = by_check(report)["gpu"]
     assert "no GPU" in gpu_finding.message and "CPU build" in gpu_finding.message
     assert "--index-url https://download.pytorch.org/whl/cu130" in gpu_finding.fix
@@ -47,7 +48,7 @@ def test_healthy_h100_machine_is_all_ok():
     assert [f.status for f in report.findings] == ["ok"] * len(report.findings)
     assert {f.check for f in report.findings} == {
         "python", "torch", "driver", "gpu", "arch", "precision", "cudnn", "nccl", "gpu_memory", "alloc_conf",
-        "triton", "dataloader"}  # fmt: skip
+        "triton", "attention", "dataloader"}  # fmt: skip
     assert report.exit_code == 0
 
 
@@ -385,6 +386,37 @@ def test_triton():
     assert broken.status == "fail"
     assert check_triton(cuda_env(os="Windows", triton_version=None)).fix.startswith("pip install triton-windows")
     assert check_triton(cpu_env()) is None
+
+
+def test_attention_kernels_used_on_a_gpu_with_a_working_triton():
+    found = check_attention_kernels(cuda_env())
+    assert found.status == "ok" and "runs its Triton kernels (Triton 3.6.0" in found.message
+
+
+@pytest.mark.parametrize(("env", "status", "why", "fix"), [
+    (cpu_env(), "ok", "PyTorch path, not its Triton kernels: they need a GPU", None),
+    (cuda_env(triton_version=None, triton_error="triton is not installed"), "warn", "Triton is not installed",
+     "pip install triton==3.6.0"),
+    (cuda_env(triton_error="ImportError: libcuda.so.1: cannot open shared object file"), "warn",
+     "Triton 3.6.0 does not import (ImportError: libcuda.so.1", "pip install --force-reinstall triton==3.6.0"),
+    (cuda_env(triton_backend_error="RuntimeError: 0 active drivers ([]). There should only be one."), "warn",
+     "cannot launch kernels on this GPU (RuntimeError: 0 active drivers", "a C compiler"),
+])
+def test_attention_kernels_not_used_says_why(env, status, why, fix):
+    found = check_attention_kernels(env)
+    assert found.status == status and "runs its PyTorch path" in found.message and why in found.message
+    assert (found.fix is None) if fix is None else (fix in found.fix)
+
+
+def test_attention_kernels_interpreted():
+    on_cpu = check_attention_kernels(cpu_env(triton_version="3.6.0", variables={"TRITON_INTERPRET": "1"}))
+    assert on_cpu.status == "ok" and "interpreted on the CPU (TRITON_INTERPRET=1)" in on_cpu.message
+    without = check_attention_kernels(cpu_env(triton_error="triton is not installed",
+                                              variables={"TRITON_INTERPRET": "1"}))
+    assert without.status == "warn" and "Triton is not installed" in without.message
+    on_gpu = check_attention_kernels(cuda_env(variables={"TRITON_INTERPRET": "1"}))
+    assert on_gpu.status == "warn" and on_gpu.fix.startswith("unset TRITON_INTERPRET")
+    assert check_attention_kernels(cpu_env(torch=None, torch_error="ModuleNotFoundError: torch")) is None
 
 
 # --- data loading ---------------------------------------------------------------------------

@@ -135,6 +135,32 @@ def test_triton_missing_is_recorded(monkeypatch):
     assert environment._probe_triton(import_it=True) == {"triton_error": "triton is not installed"}
 
 
+def test_triton_without_a_usable_driver_is_recorded(monkeypatch):
+    """What Triton 3.x raises on a machine without a GPU it has a driver for, as the GPU probe records it."""
+    import types
+
+    def no_driver():
+        raise RuntimeError("0 active drivers ([]). There should only be one.")
+
+    fake = types.SimpleNamespace(runtime=types.SimpleNamespace(driver=types.SimpleNamespace(
+        active=types.SimpleNamespace(get_current_target=no_driver))))
+    monkeypatch.setattr(environment.importlib.metadata, "version", lambda name: "3.6.0")
+    monkeypatch.setattr(environment.importlib, "import_module", lambda name: fake)
+    assert environment._probe_triton(import_it=True) == {
+        "triton_version": "3.6.0",
+        "triton_backend_error": "RuntimeError: 0 active drivers ([]). There should only be one."}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton installed")
+def test_real_triton_probe_agrees_with_the_machine():
+    """The real Triton: with a CUDA GPU its driver loads; without one it says it has no active driver."""
+    import torch
+
+    probe = environment._probe_triton(import_it=True)
+    assert probe["triton_version"] and "triton_error" not in probe
+    assert ("triton_backend_error" in probe) is (not torch.cuda.is_available())
+
+
 @pytest.mark.requires_cuda
 def test_real_gpu_snapshot_agrees_with_nvml_and_the_catalog(env):
     from gpuwise.doctor import diagnose

@@ -470,13 +470,19 @@ def check_alloc_conf(env: Environment) -> Finding | None:
                            "expandable_segments:True")
 
 
+def _triton_wanted(env: Environment) -> str:
+    """The Triton to install: the release this torch wheel pins, for this OS."""
+    package = "triton-windows" if env.os == "Windows" else "triton"
+    pin = env.torch.triton_pin if env.torch else None
+    return f"{package}=={pin}" if pin else package
+
+
 def check_triton(env: Environment) -> Finding | None:
     """Triton, which torch.compile and gpuwise.ops need, on machines with a CUDA GPU."""
     if not _is_cuda(env) or not env.gpus:
         return None
-    package = "triton-windows" if env.os == "Windows" else "triton"
     pin = env.torch.triton_pin  # type: ignore[union-attr]
-    want = f"{package}=={pin}" if pin else package
+    want = _triton_wanted(env)
     if env.triton_version is None:
         return Finding(check="triton", status="warn",
                        message="Triton is not installed: torch.compile and gpuwise.ops cannot build GPU kernels",
@@ -491,6 +497,43 @@ def check_triton(env: Environment) -> Finding | None:
                                f"was built against {pin}: torch.compile may fail",
                        fix=f"pip install {want}")
     return Finding(check="triton", status="ok", message=f"Triton {env.triton_version}")
+
+
+def check_attention_kernels(env: Environment) -> Finding | None:
+    """Whether ``gpuwise.ops.attention`` runs its Triton kernels here (GPU tensors; CPU tensors when
+    TRITON_INTERPRET=1 was set) or its PyTorch path, and why: the same reasons ``ops.attention.kernel_status``
+    gives inside a process."""
+    if env.torch is None:
+        return None  # check_torch says what to do
+    interpret = env.variables.get("TRITON_INTERPRET", "0") not in ("", "0")
+    fallback = "gpuwise attention runs its PyTorch path, not its Triton kernels"
+    if not env.gpus and not interpret:
+        return Finding(check="attention", status="ok",
+                       message=f"{fallback}: they need a GPU (TRITON_INTERPRET=1 runs them interpreted on the "
+                               "CPU, for tests)")
+    if env.triton_version is None:
+        return Finding(check="attention", status="warn", message=f"{fallback}: Triton is not installed",
+                       fix=f"pip install {_triton_wanted(env)}")
+    if env.triton_error:
+        return Finding(check="attention", status="warn",
+                       message=f"{fallback}: Triton {env.triton_version} does not import ({env.triton_error})",
+                       fix=f"pip install --force-reinstall {_triton_wanted(env)}")
+    if interpret:
+        message = (f"gpuwise attention runs its Triton kernels interpreted on the CPU (TRITON_INTERPRET="
+                   f"{env.variables['TRITON_INTERPRET']}): right answers, slowly; for tests")
+        if env.gpus:
+            return Finding(check="attention", status="warn", message=message,
+                           fix="unset TRITON_INTERPRET to compile the kernels for the GPU")
+        return Finding(check="attention", status="ok", message=message)
+    if env.triton_backend_error:
+        return Finding(check="attention", status="warn",
+                       message=f"{fallback}: Triton {env.triton_version} cannot launch kernels on this GPU "
+                               f"({env.triton_backend_error})",
+                       fix="Triton needs the driver's libcuda.so and a C compiler (apt install gcc) to build its "
+                           "launcher; fix what the error names")
+    return Finding(check="attention", status="ok",
+                   message=f"gpuwise attention runs its Triton kernels (Triton {env.triton_version}; head_dim 64 "
+                           "and 128)")
 
 
 def recommended_workers(env: Environment) -> int:
@@ -527,7 +570,7 @@ def check_dataloader(env: Environment) -> Finding:
 
 CHECKS: tuple[Callable[[Environment], Finding | None], ...] = (
     check_python, check_torch, check_driver, check_gpu, check_arch, check_precision, check_cudnn,
-    check_nccl, check_gpu_memory, check_alloc_conf, check_triton, check_dataloader,
+    check_nccl, check_gpu_memory, check_alloc_conf, check_triton, check_attention_kernels, check_dataloader,
 )  # fmt: skip
 
 

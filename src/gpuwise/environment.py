@@ -27,7 +27,7 @@ from gpuwise.errors import first_line
 RELEVANT_VARIABLES = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF",
-    "LD_LIBRARY_PATH", "HSA_OVERRIDE_GFX_VERSION",
+    "LD_LIBRARY_PATH", "HSA_OVERRIDE_GFX_VERSION", "TRITON_INTERPRET",
 )  # fmt: skip
 
 
@@ -121,7 +121,8 @@ class Environment:
     nvml_devices: tuple[NvmlDevice, ...] = ()
     nvml_error: str | None = None
     triton_version: str | None = None
-    triton_error: str | None = None
+    triton_error: str | None = None  # why it does not import
+    triton_backend_error: str | None = None  # imports, but has no driver for this machine's GPU (probed with one)
     shm_bytes: int | None = None  # size of /dev/shm (DataLoader workers and NCCL use it)
     in_container: bool = False
     variables: Mapping[str, str] = field(default_factory=dict)
@@ -293,9 +294,13 @@ def _probe_triton(import_it: bool) -> dict:
         return {"triton_error": "triton is not installed"}
     if import_it:
         try:
-            importlib.import_module("triton")
+            triton = importlib.import_module("triton")
         except Exception as exc:
             return {"triton_version": version, "triton_error": first_line(exc)}
+        try:  # what a kernel launch needs first: the GPU's driver, and its launcher built by a C compiler
+            triton.runtime.driver.active.get_current_target()
+        except Exception as exc:  # RuntimeError "0 active drivers" without one; a compiler's error without gcc
+            return {"triton_version": version, "triton_backend_error": first_line(exc)}
     return {"triton_version": version}
 
 

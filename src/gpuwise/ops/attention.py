@@ -19,10 +19,11 @@ import functools
 import math
 import os
 import warnings
+from types import ModuleType
 
 import torch
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.ops.block_mask import BlockMask
 
 KERNEL_HEAD_DIMS = (64, 128)
@@ -30,17 +31,58 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @functools.cache
-def _kernels():
-    """The Triton module, or None when Triton cannot be imported."""
+def _load() -> tuple[ModuleType | None, str]:
+    """The Triton kernels' module, or None and why not."""
     try:
         from gpuwise.ops import _kernels as k
-    except Exception:  # no Triton, or a Triton without a usable backend
-        return None
-    return k
+    except ImportError as exc:  # no Triton, or one that does not import (a broken install, a missing library)
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "triton":
+            return None, "Triton is not installed (pip install triton)"
+        return None, f"Triton does not import ({first_line(exc)})"
+    import triton
+
+    return k, f"Triton {triton.__version__}"
+
+
+def _kernels() -> ModuleType | None:
+    """The Triton module, or None when Triton cannot be imported (``kernel_status`` says why)."""
+    return _load()[0]
+
+
+@functools.cache
+def _backend_error() -> str | None:
+    """Why Triton cannot compile for this machine's GPU, or None when it can (its active driver loads)."""
+    import triton
+
+    try:
+        triton.runtime.driver.active.get_current_target()
+    except RuntimeError as exc:  # "0 active drivers ([]). There should only be one." without a GPU Triton knows
+        return f"Triton has no usable GPU backend ({first_line(exc)})"
+    return None
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_status() -> tuple[bool, str]:
+    """Whether ``attention`` runs the Triton kernels in this process (for head_dim 64 or 128), and why or why not.
+
+    >>> kernel_status()  # doctest: +SKIP
+    (False, 'Triton is not installed (pip install triton)')
+    """
+    kern, why = _load()
+    if kern is None:
+        return False, why
+    if _interpreting():
+        if not kern.INTERPRET:
+            return False, f"TRITON_INTERPRET=1 was set after the kernels were imported: {why} compiles them"
+        return True, f"{why} interprets them on the CPU (TRITON_INTERPRET=1: slow, for tests)"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA GPU (TRITON_INTERPRET=1 runs the kernels interpreted on the CPU)"
+    if (error := _backend_error()) is not None:
+        return False, error
+    return True, f"{why} compiles them for {torch.cuda.get_device_name()}"
 
 
 @functools.cache
@@ -54,8 +96,11 @@ def uses_kernel(q: torch.Tensor) -> bool:
     if q.dtype not in _DTYPES or q.shape[-1] not in KERNEL_HEAD_DIMS:
         return False
     if q.device.type == "cuda":
-        return _kernels() is not None
-    return q.device.type == "cpu" and _interpreting() and _kernels() is not None
+        return _kernels() is not None and (_interpreting() or _backend_error() is None)
+    if q.device.type != "cpu" or not _interpreting():
+        return False
+    kern = _kernels()
+    return kern is not None and kern.INTERPRET  # interpreted only if TRITON_INTERPRET was set before the import
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
