@@ -1,9 +1,9 @@
 """``gpuwise bench`` as a library call: the options, checked before anything runs; the run on the device the
 machine resolves; what it stored; and the comparison of two saved runs.
 
->>> report = run_bench(BenchOptions(quick=True, ops=("gemm",), device="cpu"), local_machine(os.environ))
-...                                                                                   # doctest: +SKIP
->>> report.results[0].op, report.catalog                                              # doctest: +SKIP
+>>> options = BenchOptions(quick=True, ops=("gemm",), device="cpu")
+>>> report = run_bench(options, local_machine(os.environ))  # doctest: +SKIP
+>>> report.results[0].op, report.catalog                     # doctest: +SKIP
 ('gemm', None)
 """
 
