@@ -46,9 +46,9 @@ def main() -> None:
         w = simulate(src, setup, batch_model=False)
         scaled = time.perf_counter() - t
         t = time.perf_counter()
-        c = capture(src, setup, batch=setup.batch)
+        c = capture(src, setup, batch=setup.micro_batch)
         full = time.perf_counter() - t
-        peak_scaled = w.timeline.live(setup.batch).sum(axis=1).max()
+        peak_scaled = w.timeline.live(setup.micro_batch).sum(axis=1).max()
         peak_full = c.live.sum(axis=1).max()
         same = abs(peak_scaled - peak_full) <= 512 * 1024  # the allocator's rounding of odd-sized tensors
         print(f"  {name:12} {label:32} {scaled:9.2f} {full:8.2f} {full / scaled:8.1f}x "

@@ -86,13 +86,13 @@ def main() -> None:
         src = ZooSource(zoo=get_model(name))
         t = time.perf_counter()
         try:
-            planned = simulate(src, setup, batch_model=False).timeline.live(setup.batch).sum(axis=1).max()
+            planned = simulate(src, setup, batch_model=False).timeline.live(setup.micro_batch).sum(axis=1).max()
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
             baseline = torch.cuda.memory_allocated() if cuda else 0  # leftovers and library workspaces
             torch.manual_seed(0)
-            real = capture(src, setup, batch=setup.batch, device=args.device, fake=False)
+            real = capture(src, setup, batch=setup.micro_batch, device=args.device, fake=False)
             # On a GPU: the allocator's own peak, minus what was allocated before the step began.
             # On the CPU there is no allocator to ask: the tracker's total stands in (a check of the code path).
             measured = (real.measured_peak_bytes - baseline) if cuda else real.live.sum(axis=1).max()

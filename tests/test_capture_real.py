@@ -11,6 +11,7 @@ import torch
 
 from gpuwise.models import get_model
 from gpuwise.models.gpt import GPTConfig
+from gpuwise.optim import param_groups
 from gpuwise.planning.capture import capture
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import ZooSource
@@ -25,9 +26,9 @@ SMALL_GPT = ZooSource(zoo=replace(get_model("gpt2"), config=GPTConfig(n_layer=2,
     Setup(micro_batch=2, seq=128, task="infer"),
 ], ids=["fp32", "bf16-mixed+checkpointing", "infer"])
 def test_fake_capture_equals_real_run(setup):
-    fake = capture(SMALL_GPT, setup, batch=setup.batch)
+    fake = capture(SMALL_GPT, setup, batch=setup.micro_batch)
     torch.manual_seed(0)
-    real = capture(SMALL_GPT, setup, batch=setup.batch, fake=False)
+    real = capture(SMALL_GPT, setup, batch=setup.micro_batch, fake=False)
     assert fake.ops == real.ops
     np.testing.assert_array_equal(fake.live, real.live)
     assert fake.flops_per_step == real.flops_per_step
@@ -41,7 +42,7 @@ def test_peak_matches_pytorch_memtracker():
     torch.manual_seed(0)
     model = SMALL_GPT.zoo.instantiate()
     (idx,), targets = SMALL_GPT.zoo.make_inputs(4, seq=128, image_size=None, dtype=torch.float32)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    opt = torch.optim.AdamW(param_groups(model, weight_decay=0.1), lr=1e-4, foreach=True)  # as the trainer's
     for p in model.parameters():  # the optimizer state exists, as in the planned steady-state step
         p.grad = torch.zeros_like(p)
     opt.step()

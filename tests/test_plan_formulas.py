@@ -9,7 +9,7 @@ from gpuwise.models import get_model
 from gpuwise.planning.capture import capture
 from gpuwise.planning.scaling import batch_affine, extrapolate_blocks
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sharding import capture_setup, shard
+from gpuwise.planning.sharding import capture_setup, per_gpu
 from gpuwise.planning.source import ZooSource
 from gpuwise.planning.tracker import CATEGORIES
 from gpuwise.planning.workload import simulate
@@ -21,9 +21,7 @@ MLP = ZooSource(zoo=get_model("mlp"))
 def _model_states(setup: Setup) -> tuple[float, int]:
     """Weights + gradients + optimizer state per GPU once all gradients exist, and the parameter count."""
     w = simulate(MLP, capture_setup(setup), batch_model=False)
-    tl = shard(w.timeline, setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
-               block_trainable_params=w.block_trainable_params)
-    return float(tl.live(setup.batch)[:, STATES].sum(axis=1).max()), w.params
+    return float(per_gpu(w, setup).live[:, STATES].sum(axis=1).max()), w.params
 
 
 @pytest.mark.parametrize(("setup", "bytes_per_param"), [
@@ -88,7 +86,7 @@ def test_grad_accum_flops_scale_with_micro_batches():
 def test_block_and_batch_scaling_is_exact(setup):
     """2- and 3-block captures at batches b and b+1 predict a 5-block capture at batch 7, sample by sample."""
     src = ZooSource(zoo=get_model("gpt2"))
-    b = setup.batch
+    b = setup.micro_batch
     tl = {n: batch_affine(capture(src, setup, batch=b, n_layer=n), capture(src, setup, batch=b + 1, n_layer=n))
           for n in (2, 3)}
     direct = capture(src, setup, batch=7, n_layer=5)

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, FakeTensorMode
-from gpuwise.errors import GpuwiseError, first_line
+from gpuwise.errors import GpuwiseError, NotApplicable, first_line
+from gpuwise.optim import param_groups
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
@@ -102,10 +103,12 @@ def _state_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
-def _make_optimizer(setup: Setup, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def _make_optimizer(setup: Setup, model: nn.Module, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     if setup.optimizer == "sgd":
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
-    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    # The trainer's groups: foreach AdamW steps each group on its own, so its sqrt temporary is the larger
+    # group's, not all parameters'. The decay itself is in place (0.1 is TrainConfig's; any value costs the same).
+    return torch.optim.AdamW(param_groups(model, weight_decay=0.1), lr=1e-4, foreach=True)
 
 
 def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -175,7 +178,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                        quantize_base=setup.qlora, compute_dtype=setup.compute_dtype)
         if setup.training and setup.checkpointing == "full":
             if blocks is None:
-                raise GpuwiseError("--checkpointing full: the model has no repeated blocks (an nn.ModuleList)",
+                raise NotApplicable("--checkpointing full: the model has no repeated blocks (an nn.ModuleList)",
                                    "put the layers in an nn.ModuleList, or pass --checkpointing none")
             # torch.utils.checkpoint restores real autocast by itself; our emulation must be re-entered
             apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False))
@@ -195,7 +198,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                          torch.zeros(built.kv_cache_shape, dtype=frozen_dtype, device=device)) for _ in range(n_blocks)]
 
         tracker = Tracker()
-        opt = _make_optimizer(setup, trainable) if setup.training else None
+        opt = _make_optimizer(setup, model, trainable) if setup.training else None
 
         def forward() -> torch.Tensor:
             tracker.phase, tracker.block = "forward", None

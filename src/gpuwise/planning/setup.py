@@ -104,6 +104,12 @@ class Setup:
         return self.spec.weight_dtype
 
     @property
+    def input_dtype(self) -> torch.dtype:
+        """Floating-point inputs arrive as the model's weights are stored: autocast casts them from fp32 in
+        training; a frozen (inference) model holds its weights in the compute dtype."""
+        return self.spec.weight_dtype if self.training else self.spec.compute_dtype
+
+    @property
     def batch(self) -> int:
         """The global batch: samples per optimizer step over every GPU."""
         return self.micro_batch * self.grad_accum * self.gpus

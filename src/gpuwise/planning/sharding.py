@@ -19,13 +19,14 @@ optimizer columns of each sample (and to the optimizer's temporaries, which foll
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpuwise.planning.scaling import Timeline
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.workload import Workload
 
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))
 
@@ -68,3 +69,30 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
         return x
 
     return replace(tl, base=apply(tl.base, 1.0), slope=apply(tl.slope, 0.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerGpu:
+    """A captured Workload as each GPU of the run holds it: sharded once, then fitted on any number of GPUs."""
+
+    workload: Workload  # captured with capture_setup(setup)
+    setup: Setup  # the run: micro-batch, accumulation, GPUs and sharding
+    timeline: Timeline = field(repr=False)  # exact at setup.micro_batch
+    batch_model: Timeline | None = field(repr=False)  # affine in the micro-batch, when captured for it
+    live: np.ndarray = field(repr=False)  # (samples, categories) bytes at setup.micro_batch
+    peak_bytes: int  # the step's tensors at their peak
+
+
+def per_gpu(w: Workload, setup: Setup) -> PerGpu:
+    """``w`` (the capture of ``setup``) as one of ``setup.gpus`` GPUs holds it under ``setup.sharding``."""
+    if w.setup != capture_setup(setup):
+        raise ValueError(f"the workload was captured for {w.setup}, not for {capture_setup(setup)}")
+
+    def sharded(tl: Timeline) -> Timeline:
+        return shard(tl, setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
+                     block_trainable_params=w.block_trainable_params)
+
+    timeline = sharded(w.timeline)
+    live = timeline.live(setup.micro_batch)
+    return PerGpu(workload=w, setup=setup, timeline=timeline, live=live, peak_bytes=int(live.sum(axis=1).max()),
+                  batch_model=None if w.batch_model is None else sharded(w.batch_model))

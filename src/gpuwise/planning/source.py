@@ -86,8 +86,7 @@ class ZooSource:
         if setup.attention != "sdpa":
             z = replace(z, config=replace(z.config, attn_impl=setup.attention))
         model = z.instantiate(n_layer)
-        in_dtype = setup.compute_dtype if setup.precision == "bf16" or not setup.training else torch.float32
-        inputs, targets = z.make_inputs(batch, seq=setup.seq, image_size=setup.image_size, dtype=in_dtype)
+        inputs, targets = z.make_inputs(batch, seq=setup.seq, image_size=setup.image_size, dtype=setup.input_dtype)
         kv = None
         if not setup.training and z.family == "decoder":
             kv = model.kv_cache_shape(batch, setup.seq or z.default_seq)

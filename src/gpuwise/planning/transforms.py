@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.errors import NotApplicable
 
 # QLoRA (Dettmers et al. 2023, sec. 2): NF4 weights are 4 bits; blocks of 64 weights share one absmax,
 # itself quantised to 8 bits with one fp32 constant per 256 absmax values ("double quantisation").
@@ -114,12 +114,15 @@ def _adaptable(block: nn.Module) -> list[tuple[str, nn.Linear]]:
 def apply_lora(model: nn.Module, blocks: nn.ModuleList | None, *, rank: int, adapter_dtype: torch.dtype,
                quantize_base: bool, compute_dtype: torch.dtype) -> int:
     """Freeze ``model``, wrap every ``nn.Linear`` inside ``blocks`` with a LoRA adapter (QLoRA paper: all
-    linear layers), optionally storing their frozen weights in 4 bits; returns the frozen base parameters."""
+    linear layers), optionally storing their frozen weights in 4 bits; returns the frozen base parameters.
+
+    A model it cannot adapt raises ``NotApplicable(message, hint)``: a remedy is skipped, a user's
+    ``--task finetune-lora`` becomes a one-line error (``workload.simulate``)."""
     if blocks is None:
-        raise GpuwiseError("--task finetune-lora: the model has no repeated blocks (an nn.ModuleList) to adapt",
+        raise NotApplicable("--task finetune-lora: the model has no repeated blocks (an nn.ModuleList) to adapt",
                            "put the layers to fine-tune in an nn.ModuleList, or plan --task train")
     if not any(_adaptable(block) for block in blocks):
-        raise GpuwiseError("--task finetune-lora adapts the nn.Linear layers inside the blocks, and this model's "
+        raise NotApplicable("--task finetune-lora adapts the nn.Linear layers inside the blocks, and this model's "
                            "blocks have none", "plan --task train")
     model.requires_grad_(False)
     frozen = sum(p.numel() for p in model.parameters())

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning.capture import Capture, capture
 from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, extrapolate_blocks
 from gpuwise.planning.setup import Setup
@@ -16,7 +17,7 @@ class Workload:
     """Everything the step does: parameters, FLOPs, bytes moved and the memory timeline."""
 
     model: str
-    setup: Setup
+    setup: Setup  # the step captured: one GPU (the run's GPUs and sharding apply after: sharding.per_gpu)
     params: int
     trainable_params: int
     block_bytes: int  # what FSDP gathers at once
@@ -56,7 +57,17 @@ def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
     """Capture ``setup`` on fake tensors; a deep stack of identical blocks is captured with 2 and 3 blocks and scaled.
 
     ``batch_model=False`` skips the second capture that makes the memory affine in the batch (no max batch then).
+    A setup the model cannot take (LoRA on blocks without linear layers, checkpointing without blocks) is the
+    caller's request, so a one-line GpuwiseError.
     """
+    try:
+        return simulate_if_applicable(source, setup, batch_model=batch_model)
+    except NotApplicable as exc:
+        raise GpuwiseError(*exc.args) from exc  # raised as NotApplicable(message, hint)
+
+
+def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) -> Workload:
+    """``simulate`` for a setup the planner chose (a remedy): one the model cannot take raises NotApplicable."""
     source.check(setup)
     n_layer = source.n_layer
     tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum

@@ -15,13 +15,14 @@ from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
     from gpuwise.models import ZooModel
-    from gpuwise.planning.plan import MemoryPlan
+    from gpuwise.planning import MemoryPlan
 
 
 def plan_json(plan: MemoryPlan) -> dict[str, Any]:
     """Every field of the plan but the timeline arrays."""
     skip = {"timeline", "timeline_phases"}
     data = {f.name: to_jsonable(getattr(plan, f.name)) for f in dataclasses.fields(plan) if f.name not in skip}
+    data["setup"]["batch"] = plan.setup.batch  # global, beside its split (micro_batch, grad_accum, gpus)
     for remedy, raw in zip(data["remedies"], plan.remedies, strict=True):
         remedy.pop("setup")
         remedy["fits"] = raw.fits
@@ -35,9 +36,9 @@ _FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
 
 def render_plan(plan: MemoryPlan, console: Console) -> None:
     s = plan.setup
-    unit = "token" if plan.tokens_per_step > s.batch * s.grad_accum else "sample"
+    unit = "token" if plan.tokens_per_step > s.micro_batch * s.grad_accum else "sample"  # per GPU, both
     console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
-                  f"{unit}s per step")
+                  f"{unit}s{' per GPU' if s.gpus > 1 else ''} per step")
     head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
     head.add_column(style="bold", no_wrap=True)
     head.add_column(overflow="fold")
@@ -70,7 +71,7 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     fits = Table(title=f"fit (needs = peak + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
                  padding=(0, 1), pad_edge=False)
     for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
-                         ("fits", "left"), ("max batch", "right"), ("step ≥", "right")):
+                         ("fits", "left"), ("max micro-batch", "right"), ("step ≥", "right")):
         fits.add_column(col, justify=justify, no_wrap=True)
     for f in plan.gpus:
         head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"

@@ -1,0 +1,188 @@
+"""What to change when a step does not fit: small ``Setup -> Setup | None`` steps, tried in order, each on top
+of the ones before, each row with the flags that run it in ``gpuwise plan`` and ``gpuwise train``.
+
+>>> [r.name for r in remedies(setup, gpu)]                                             # doctest: +SKIP
+['bf16 mixed precision', 'activation checkpointing', 'FSDP over 8 GPUs (global batch 8)', ...]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Protocol
+
+from gpuwise.errors import NotApplicable
+from gpuwise.planning.fit import OVERHEAD_BYTES, GpuFit, Status
+from gpuwise.planning.setup import MAX_ACCUM, Setup
+from gpuwise.precision import half_precision
+
+FSDP_GPUS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class Gpu(Protocol):
+    """The GPU the remedies are for: fits a setup of the model planned (NotApplicable if the model cannot take it)."""
+
+    bf16: bool  # the GPU has bf16 (Ampere and later)
+
+    def fit(self, setup: Setup, *, batch_model: bool = False) -> GpuFit:
+        """``batch_model``: with the largest micro-batch (``GpuFit.max_batch``), which costs a second capture."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Remedy:
+    name: str
+    flags: str  # every flag to add to the user's command for this setup
+    setup: Setup
+    peak_bytes: int
+    required_bytes: int
+    status: Status
+
+    @property
+    def fits(self) -> bool:
+        return self.status != "no"
+
+
+def setup_flags(setup: Setup, base: Setup) -> str:
+    """The flags that, added to the command that gave ``base``, give ``setup`` in ``gpuwise plan`` and ``train``.
+
+    The batch speaks the shared vocabulary: ``--batch`` (global) when it changes, ``--micro-batch`` when the
+    split does. A command without accumulation may have given either alone (``--batch 8`` or ``--micro-batch
+    8``), so once a remedy accumulates, both are stated; a command with accumulation gave both already.
+
+    >>> setup_flags(Setup(micro_batch=2, grad_accum=4, checkpointing="full"), Setup(micro_batch=8))
+    '--batch 8 --micro-batch 2 --checkpointing full'
+    """
+    both_given = base.grad_accum > 1
+    newly_split = setup.grad_accum > 1 and not both_given
+    flags = []
+    for f in fields(Setup):
+        value, old = getattr(setup, f.name), getattr(base, f.name)
+        if f.name == "grad_accum":
+            continue  # what --batch leaves over --micro-batch x --gpus
+        if f.name == "micro_batch":
+            if setup.batch != base.batch or newly_split:
+                flags.append(f"--batch {setup.batch}")
+            if value != old or newly_split:
+                flags.append(f"--micro-batch {value}")
+            continue
+        lora = f.name == "lora_rank" and setup.task == "finetune-lora" and base.task != "finetune-lora"
+        if value == old and not lora:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "")
+        else:
+            flags.append(f"{flag} {value}")
+    return " ".join(f for f in flags if f)
+
+
+def _split(s: Setup, micro: int, per_gpu: int) -> Setup:
+    """``s`` with ``per_gpu`` samples per GPU per optimizer step, ``micro`` at a time."""
+    return replace(s, micro_batch=micro, grad_accum=per_gpu // micro)
+
+
+def _largest_micro(s: Setup, per_gpu: int, gpu: Gpu) -> int:
+    """The largest micro-batch that fits ``gpu`` and divides ``per_gpu`` samples (0 if none)."""
+    if per_gpu == 1 or not s.training:
+        fit = gpu.fit(replace(s, micro_batch=1, grad_accum=1), batch_model=per_gpu > 1)
+        return 0 if not fit.fits else 1 if per_gpu == 1 else min(fit.max_batch, per_gpu)
+    # captured with accumulation: from the second micro-batch on, the first one's gradients are alive
+    fit = gpu.fit(replace(s, micro_batch=per_gpu, grad_accum=2), batch_model=True)
+    return next((m for m in range(min(fit.max_batch, per_gpu), 0, -1) if per_gpu % m == 0), 0)
+
+
+def mixed_precision(s: Setup, gpu: Gpu) -> Setup | None:
+    """fp32 or tf32 -> 16-bit autocast: bf16 where the GPU has it, else fp16 with a GradScaler."""
+    return replace(s, precision=half_precision(bf16=gpu.bf16)) if s.spec.compute == "fp32" else None
+
+
+def checkpointing(s: Setup, gpu: Gpu) -> Setup | None:
+    return replace(s, checkpointing="full") if s.checkpointing == "none" else None
+
+
+def accumulation(s: Setup, gpu: Gpu) -> Setup | None:
+    """The same batch in smaller micro-batches."""
+    per_gpu = s.micro_batch * s.grad_accum
+    micro = _largest_micro(s, per_gpu, gpu) if s.micro_batch > 1 else 0
+    return _split(s, micro, per_gpu) if 0 < micro < s.micro_batch and per_gpu // micro <= MAX_ACCUM else None
+
+
+def fsdp(s: Setup, gpu: Gpu) -> Setup | None:
+    """The fewest GPUs that fit with room to spare, else the fewest that fit tightly, else the last tried; the
+    global batch kept (at least one sample per GPU)."""
+    best: tuple[Setup, GpuFit] | None = None
+    for n in FSDP_GPUS:
+        per_gpu = max(s.batch // n, 1)
+        sharded = replace(s, gpus=n, sharding="fsdp")
+        try:
+            micro = max(_largest_micro(sharded, per_gpu, gpu), 1)
+            if per_gpu // micro > MAX_ACCUM:
+                continue
+            sharded = _split(sharded, micro, per_gpu)
+            fit = gpu.fit(sharded)
+        except NotApplicable:
+            break
+        if best is None or not best[1].fits or fit.status == "fits":  # a tight fit stays; a misfit gives way
+            best = sharded, fit
+        if fit.status == "fits":
+            break
+    return None if best is None else best[0]
+
+
+def lora(s: Setup, gpu: Gpu) -> Setup | None:
+    return replace(s, task="finetune-lora") if s.task == "train" else None
+
+
+def qlora(s: Setup, gpu: Gpu) -> Setup | None:
+    return replace(s, task="finetune-lora", qlora=True) if s.task == "train" else None
+
+
+def smaller_batch(s: Setup, gpu: Gpu) -> Setup | None:
+    micro = _largest_micro(s, s.micro_batch, gpu) if s.micro_batch > 1 else 0
+    return replace(s, micro_batch=micro) if micro else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    change: Callable[[Setup, Gpu], Setup | None]  # None: does not apply
+    name: Callable[[Setup], str]  # the row's name, from the setup the change gives
+    keep: bool = True  # the steps after build on it (FSDP and LoRA do not: LoRA starts from the one-GPU step)
+    while_short: bool = False  # only while the rows before leave no room to spare
+
+
+TRAINING: tuple[Step, ...] = (
+    Step(change=mixed_precision, name=lambda s: f"{s.spec.compute} mixed precision"),
+    Step(change=checkpointing, name=lambda s: "activation checkpointing"),
+    Step(change=accumulation, while_short=True,
+         name=lambda s: f"micro-batch {s.micro_batch} x {s.grad_accum} accumulation (same batch)"),
+    Step(change=fsdp, keep=False, while_short=True, name=lambda s: f"FSDP over {s.gpus} GPUs (global batch {s.batch})"),
+    Step(change=lora, keep=False, name=lambda s: f"LoRA rank {s.lora_rank}, one GPU (fine-tuning only)"),
+    Step(change=qlora, keep=False, name=lambda s: "QLoRA, 4-bit base, one GPU (fine-tuning only)"),
+)
+INFERENCE: tuple[Step, ...] = (
+    Step(change=smaller_batch, name=lambda s: f"smaller batch {s.micro_batch}"),
+)
+
+
+def remedies(setup: Setup, gpu: Gpu) -> tuple[Remedy, ...]:
+    """The steps that apply to ``setup``, in order, each on top of the kept ones before; a step whose change
+    the model cannot take (LoRA without linear layers in its blocks, ...) is left out."""
+    out: list[Remedy] = []
+    s = setup
+    for step in TRAINING if setup.training else INFERENCE:
+        if step.while_short and out and out[-1].status == "fits":  # a tight fit goes on: more may leave room
+            continue
+        try:
+            changed = step.change(s, gpu)
+            if changed is None:
+                continue
+            fit = gpu.fit(changed)
+        except NotApplicable:
+            continue
+        out.append(Remedy(name=step.name(changed), flags=setup_flags(changed, setup), setup=changed,
+                          peak_bytes=fit.required_bytes - OVERHEAD_BYTES, required_bytes=fit.required_bytes,
+                          status=fit.status))
+        if step.keep:
+            s = changed
+    return tuple(out)
