@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import time
 
 import torch
 
+from gpuwise.hardware.device import Target, local_machine, resolve_device
 from gpuwise.models import get_model
-from gpuwise.planning.setup import Setup
+from gpuwise.optim import param_groups
 from gpuwise.planning.source import ZooSource
 from gpuwise.planning.workload import simulate
 from gpuwise.training.auto import choose
 from gpuwise.training.config import TrainConfig
-from gpuwise.training.trainer import OutOfMemory, Trainer, model_loss
+from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer, mfu_peak_tflops, model_loss
 
 
 class RandomTokens:
@@ -40,17 +42,17 @@ def build(zoo, fused: bool = True):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = zoo.instantiate(None)
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, betas=(0.9, 0.95), fused=fused)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=6e-4, betas=(0.9, 0.95), fused=fused)
     return model, opt
 
 
-def step_fits(zoo, seq: int, micro: int) -> bool:
+def step_fits(zoo, seq: int, micro: int, target: Target) -> bool:
     """One real bf16-mixed training step (optimizer included) at this micro-batch."""
     model, opt = build(zoo)
     data = RandomTokens(zoo.config.vocab_size, seq)
     try:
         Trainer(model, opt, data, TrainConfig(steps=2, batch=micro, precision="bf16-mixed", warmup_steps=1),
-                device="cuda", loss_fn=model_loss).fit()
+                loss_fn=model_loss, runtime=Runtime(device=target)).fit()
         return True
     except OutOfMemory:
         return False
@@ -64,28 +66,28 @@ def step_fits(zoo, seq: int, micro: int) -> bool:
         torch.cuda.empty_cache()
 
 
-def largest_fitting(zoo, seq: int, limit: int) -> int:
+def largest_fitting(zoo, seq: int, limit: int, target: Target) -> int:
     lo, hi = 0, 8
-    while hi <= limit and step_fits(zoo, seq, hi):
+    while hi <= limit and step_fits(zoo, seq, hi, target):
         lo, hi = hi, hi * 2
     hi = min(hi, limit + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if step_fits(zoo, seq, mid) else (lo, mid)
+        lo, hi = (mid, hi) if step_fits(zoo, seq, mid, target) else (lo, mid)
     return lo
 
 
-def throughput(zoo, seq: int, micro: int, steps: int, compiled: bool, peak: float | None) -> dict:
+def throughput(zoo, seq: int, micro: int, steps: int, compiled: bool, target: Target) -> dict:
     model, opt = build(zoo)
     cfg = TrainConfig(steps=steps, batch=micro, precision="bf16-mixed", log_every=1, warmup_steps=2,
                       compile=compiled)
     n = sum(p.numel() for p in model.parameters())
     c = zoo.config
     palm = (6 * n + 12 * c.n_layer * c.n_embd * seq) * micro * seq  # PaLM appendix B, per step
-    planned = simulate(ZooSource(zoo=zoo), Setup(micro_batch=micro, seq=seq, precision="bf16-mixed"),
-                       batch_model=False).flops_per_step
-    result = Trainer(model, opt, RandomTokens(c.vocab_size, seq), cfg, device="cuda", loss_fn=model_loss,
-                     flops_per_step=planned, peak_tflops=peak).fit()
+    planned = simulate(ZooSource(zoo=zoo), cfg.to_setup(seq=seq), batch_model=False).flops_per_step
+    peak = mfu_peak_tflops(target, cfg.precision)
+    result = Trainer(model, opt, RandomTokens(c.vocab_size, seq), cfg, loss_fn=model_loss,
+                     runtime=Runtime(device=target, flops_per_step=planned)).fit()
     later = sorted(result.logs[steps // 3:], key=lambda log: log.tokens_per_s)  # after warm-up and compile
     mid = later[len(later) // 2]
     step_s = micro * seq / mid.tokens_per_s
@@ -110,27 +112,24 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("train_gpu.py needs a CUDA GPU")
-    from gpuwise.hardware.catalog import load_catalog
-
-    props = torch.cuda.get_device_properties(0)
-    match = load_catalog().match_device(props.name, props.total_memory)
-    peak = match.peak_tflops.get("bf16") if match else None
+    target = resolve_device("cuda:0", local_machine(os.environ))
+    peak = mfu_peak_tflops(target, "bf16-mixed")
     zoo = get_model("gpt2")
-    print(f"device: {props.name}, {props.total_memory / 2**30:.1f} GiB; catalog bf16 peak {peak} TFLOPS; "
+    print(f"device: {target.model}, {target.memory_total_bytes / 2**30:.1f} GiB; catalog bf16 peak {peak} TFLOPS; "
           f"torch {torch.__version__}; GPT-2 124M, seq {args.seq}, bf16-mixed, fused AdamW")
     print("| run | micro-batch | tokens/s | MFU (planner FLOPs) | MFU (6N+12LHQT) | peak memory |")
     print("|---|---|---|---|---|---|")
     for compiled in (False, True):
         t0 = time.perf_counter()
-        r = throughput(zoo, args.seq, args.micro, args.steps, compiled, peak)
+        r = throughput(zoo, args.seq, args.micro, args.steps, compiled, target)
         print(f"| {'compiled' if compiled else 'eager'} | {args.micro} | {r['tokens_per_s']:,.0f} | "
               f"{_pct(r['mfu_planned'])} | {_pct(r['mfu_palm'])} | {r['peak_bytes'] / 2**30:.2f} GiB | "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     free = torch.cuda.mem_get_info()[0]
-    choice = choose(ZooSource(zoo=zoo), precision="bf16-mixed", seq=args.seq, per_rank=args.limit,
-                    free_bytes=free, device_type="cuda", bf16=True)
+    setup = TrainConfig(batch=args.limit, precision="bf16-mixed").to_setup(seq=args.seq)
+    choice = choose(ZooSource(zoo=zoo), setup, free_bytes=free, gpu=True)
     t0 = time.perf_counter()
-    real = largest_fitting(zoo, args.seq, args.limit)
+    real = largest_fitting(zoo, args.seq, args.limit, target)
     print(f"--auto: the plan fits {choice.fits} sequences in {free / 2**30:.1f} GiB free keeping 10% headroom "
           "(so plan/real near 0.9 is right); "
           f"the largest that really fits (one real step each, bisected): {real}; plan/real = "

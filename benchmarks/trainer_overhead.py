@@ -15,6 +15,7 @@ import time
 import torch
 
 from gpuwise.models.gpt import GPT, GPTConfig
+from gpuwise.optim import param_groups
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
 from gpuwise.training.trainer import Trainer, cosine_with_warmup, model_loss
@@ -27,7 +28,7 @@ CFG = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=DATA.vocab_size, blo
 def hand_loop() -> float:
     torch.manual_seed(0)
     model = GPT(CFG)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_with_warmup(TrainConfig(steps=STEPS, batch=BATCH)))
     t = time.perf_counter()
     for step in range(STEPS):
@@ -44,7 +45,7 @@ def hand_loop() -> float:
 def trainer_loop() -> float:
     torch.manual_seed(0)
     model = GPT(CFG)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=3e-3)
     trainer = Trainer(model, opt, DATA, TrainConfig(steps=STEPS, batch=BATCH, log_every=10), loss_fn=model_loss)
     t = time.perf_counter()
     trainer.fit()

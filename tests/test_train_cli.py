@@ -113,7 +113,7 @@ def test_a_users_model_and_dataset_from_files(capsys, tmp_path):
 
 
 def test_image_task_out_of_the_box(capsys):
-    code, out, err = run(capsys, "train", "--task", "image", "--steps", "3", "--batch", "8", "--image-size", "16",
+    code, out, err = run(capsys, "train", "--example", "image", "--steps", "3", "--batch", "8", "--image-size", "16",
                          "--json")
     assert code == 0, err
     summary = json.loads(out)
@@ -122,8 +122,8 @@ def test_image_task_out_of_the_box(capsys):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--data", "x.py:f"], "--data needs --model"),
-    (["--task", "image", "--seq", "32"], "--seq applies to --task text"),
-    (["--task", "audio"], "--task 'audio' is not text or image"),
+    (["--example", "image", "--seq", "32"], "--seq applies to --example text"),
+    (["--example", "audio"], "--example 'audio' is not text or image"),
     (["--model", "nofile.py"], "--model 'nofile.py' is not file.py:function"),
     (["--model", "nofile.py:f"], "no such file: nofile.py"),
     (["--sharding", "zero9"], "--sharding 'zero9' is not one of ddp, fsdp"),
@@ -256,15 +256,15 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.distributed import Ranks, start, stop
-from gpuwise.training.trainer import Trainer
+from gpuwise.training.trainer import Runtime, Trainer
 
 ranks = Ranks.from_environ(os.environ)
 start(ranks, torch.device("cpu"))
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 items = [(torch.randn(8), torch.tensor(i % 3)) for i in range(64)]
-trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), items,
-                  TrainConfig(steps=3, batch=16, micro_batch=2), ranks=ranks)  # 8 per process: 4 micro-steps
+trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), items,  # 8 per process: 4 micro-steps
+                  TrainConfig(steps=3, batch=16, micro_batch=2), runtime=Runtime(ranks=ranks))
 calls = []
 trainer.model.register_comm_hook(None, lambda state, bucket: (calls.append(1), allreduce_hook(None, bucket))[1])
 trainer.fit()

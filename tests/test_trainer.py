@@ -12,7 +12,7 @@ from gpuwise.errors import GpuwiseError
 from gpuwise.models.gpt import GPT, GPTConfig
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
-from gpuwise.training.trainer import Trainer, cosine_with_warmup, model_loss
+from gpuwise.training.trainer import Runtime, Trainer, cosine_with_warmup, model_loss
 
 DATA = CharText(seq=32)
 
@@ -21,8 +21,8 @@ def _trainer(config: TrainConfig, **kwargs) -> Trainer:
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32))
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    kwargs.setdefault("loss_fn", model_loss)
-    return Trainer(model, opt, DATA, config, **kwargs)
+    loss_fn, eval_data = kwargs.pop("loss_fn", model_loss), kwargs.pop("eval_data", None)
+    return Trainer(model, opt, DATA, config, loss_fn=loss_fn, eval_data=eval_data, runtime=Runtime(**kwargs))
 
 
 def test_the_loss_falls_on_the_text_python_ships():
@@ -64,7 +64,7 @@ def test_resume_repeats_the_uninterrupted_run_exactly(tmp_path, kind):
             return _trainer(config, checkpoint_dir=folder)
         model = _dropout_net()
         return Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), _dataset(), config,
-                       checkpoint_dir=folder)
+                       runtime=Runtime(checkpoint_dir=folder))
 
     straight = trainer(tmp_path / "a").fit()
     trainer(tmp_path / "b").fit()
@@ -81,7 +81,7 @@ def test_resume_refuses_another_config_and_names_the_difference(tmp_path):
         _trainer(TrainConfig(steps=4, batch=4), checkpoint_dir=tmp_path).fit(resume=True)
     wider = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=DATA.vocab_size, block_size=32))
     trainer = Trainer(wider, torch.optim.AdamW(wider.parameters()), DATA, TrainConfig(steps=4, batch=8),
-                      checkpoint_dir=tmp_path)
+                      runtime=Runtime(checkpoint_dir=tmp_path))
     with pytest.raises(GpuwiseError, match=r"from another model: wte.weight is \[\[\d+, 48\], 'float32'\] there"):
         trainer.fit(resume=True)
 
@@ -132,11 +132,12 @@ def test_auto_picks_the_largest_micro_batch_the_plan_fits():
         return float(w.timeline.live(micro).sum(axis=1).max())
 
     free = (peak(4) + peak(8)) / 2 / 0.9  # 10% headroom is kept
-    choice = choose(src, precision=None, seq=32, per_rank=16, free_bytes=int(free), device_type="cpu", bf16=False)
-    assert (choice.precision, choice.micro_batch, choice.grad_accum) == ("fp32", 4, 4)
+    setup = TrainConfig(batch=16, precision="fp32").to_setup(seq=32)
+    choice = choose(src, setup, free_bytes=int(free), gpu=False)
+    assert (choice.micro_batch, choice.grad_accum) == (4, 4)
     assert "micro-batch 4 x 4 accumulation" in choice.reason
-    gpu = choose(src, precision=None, seq=32, per_rank=16, free_bytes=80 * 2**30, device_type="cuda", bf16=True)
-    assert gpu.precision == "bf16-mixed" and gpu.micro_batch == 16
+    gpu = choose(src, TrainConfig(batch=16, precision="bf16-mixed").to_setup(seq=32), free_bytes=80 * 2**30, gpu=True)
+    assert gpu.micro_batch == 16
 
 
 def test_fp16_scaler_skips_inf_gradients_counts_them_and_its_scale_survives_a_resume(tmp_path):
@@ -204,7 +205,7 @@ def test_held_out_loss_is_the_mean_over_the_validation_batches():
 
 def test_activation_checkpointing_and_fused_adamw_take_the_same_steps():
     plain = _trainer(TrainConfig(steps=4, batch=8, log_every=1)).fit()
-    recomputed = _trainer(TrainConfig(steps=4, batch=8, log_every=1, checkpointing=True)).fit()
+    recomputed = _trainer(TrainConfig(steps=4, batch=8, log_every=1, checkpointing="full")).fit()
     assert [log.loss for log in recomputed.logs] == pytest.approx([log.loss for log in plain.logs], rel=1e-6)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32))
@@ -299,7 +300,7 @@ def test_bad_held_out_data_stops_after_saving_and_ragged_items_are_named(tmp_pat
     good = [(torch.randn(8), torch.tensor(1)) for _ in range(16)]
     bad_val = [(torch.randn(5), torch.tensor(1)) for _ in range(16)]
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), good, TrainConfig(steps=3, batch=4),
-                      eval_data=bad_val, checkpoint_dir=tmp_path)
+                      eval_data=bad_val, runtime=Runtime(checkpoint_dir=tmp_path))
     with pytest.raises(GpuwiseError, match="the held-out data does not fit the model: RuntimeError"):
         trainer.fit()
     assert (tmp_path / "step-000000003" / "manifest.json").is_file()  # the trained steps were kept
@@ -308,7 +309,7 @@ def test_bad_held_out_data_stops_after_saving_and_ragged_items_are_named(tmp_pat
     odd = StepSampler(16, 4, seed=TrainConfig().seed, start=0, steps=8).global_batch(2)[0]  # read at step 3
     ragged = [(torch.randn(9 if i == odd else 8), torch.tensor(1)) for i in range(16)]
     trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ragged, TrainConfig(steps=8, batch=4),
-                      checkpoint_dir=tmp_path / "r")
+                      runtime=Runtime(checkpoint_dir=tmp_path / "r"))
     with pytest.raises(GpuwiseError, match=r"reading the batch of step 3 failed: RuntimeError: stack expects"):
         trainer.fit()
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["step-000000002"]  # saved what it had done

@@ -1,7 +1,10 @@
-"""``gpuwise train``."""
+"""``gpuwise train``: the flags of the shared vocabulary (``--batch``, ``--micro-batch``, ``--precision``,
+``--checkpointing``, ``--gpus``, ``--sharding``, ``--task``, ``--lora-rank``, ``--qlora``, ``--seq``, ``--image-size``,
+``--device``), so a remedy ``gpuwise plan`` prints runs here as printed (or is refused in one "plan only:" line)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Annotated
@@ -9,78 +12,97 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuwise.cli._app import JsonFlag, app
+from gpuwise.cli._app import DeviceOption, JsonFlag, app
+from gpuwise.training.config import IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOptions
+
+
+def _default(cls: type, name: str) -> str:
+    """``[value]``: a field's default for --help, read from the dataclass that owns it (the bracket escaped for
+    rich, which would read ``[text]`` as a style)."""
+    return f"\\[{next(f.default for f in dataclasses.fields(cls) if f.name == name)}]"
 
 
 @app.command()
 def train(
-    task: Annotated[str, typer.Option(help="text: a character GPT on Python's own docs; image: a small CNN on "
-                                           "synthetic images (ignored with --model).")] = "text",
+    example: Annotated[str | None, typer.Option(
+        help="The built-in example: text (a character GPT on Python's own docs) or image (a small CNN on synthetic "
+             f"images); not with --model {_default(TrainOptions, 'example')}.")] = None,
     model: Annotated[str | None, typer.Option(help="Your model: file.py:function, function(batch) returns "
                                                    "(model, inputs) as for gpuwise plan.")] = None,
     data: Annotated[str | None, typer.Option(help="Your data: file.py:function returning a Dataset of (input, "
                                                   "target) items, or (train, val) Datasets. Needs --model.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps [200].")] = None,
-    batch: Annotated[int | None, typer.Option(help="Global batch (sequences or samples per step) [32].")] = None,
-    micro_batch: Annotated[int | None, typer.Option(help="Per forward, per process (the rest is accumulated) "
-                                                         "[--auto's choice].")] = None,
-    seq: Annotated[int | None, typer.Option(help="--task text: characters per sequence [128].")] = None,
-    image_size: Annotated[int | None, typer.Option(help="--task image: pixels per side [32].")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate [3e-3].")] = None,
+    steps: Annotated[int | None, typer.Option(help=f"Optimizer steps {_default(TrainConfig, 'steps')}.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Global batch: samples (or sequences) per optimizer step over "
+                                                   f"every GPU {_default(TrainConfig, 'batch')}.")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Samples per GPU per forward; the rest of --batch is "
+                                                         "accumulated [--auto's choice].")] = None,
+    seq: Annotated[int | None, typer.Option(help=f"--example text: characters per sequence [{TEXT_SEQ}].")] = None,
+    image_size: Annotated[int | None, typer.Option(help=f"--example image: pixels per side [{IMAGE_SIZE}].")] = None,
+    lr: Annotated[float | None, typer.Option(help=f"Peak learning rate {_default(TrainConfig, 'lr')}.")] = None,
     precision: Annotated[str | None, typer.Option(
-        help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 [bf16-mixed on GPUs that have it, fp16-mixed on those "
-             "that do not, fp32 on CPUs].")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches [1337].")] = None,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N [the GPU if any].")] = None,
+        help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 \\[the device's: bf16-mixed on GPUs that have bf16, "
+             "fp16-mixed on those that do not, fp32 on CPUs].")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches "
+                                                  f"{_default(TrainConfig, 'seed')}.")] = None,
+    device: DeviceOption = None,
     compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
-    checkpointing: Annotated[bool, typer.Option("--checkpointing", help="Recompute each block in backward "
-                                                                        "(activation checkpointing).")] = False,
+    checkpointing: Annotated[str | None, typer.Option(
+        help="none, or full: recompute each block in backward (activation checkpointing) "
+             f"{_default(TrainConfig, 'checkpointing')}.")] = None,
+    n_gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs (processes): must be what torchrun started "
+                                                              "\\[torchrun's count, else 1].")] = None,
     sharding: Annotated[str | None, typer.Option(help="Under torchrun: ddp (replicate) or fsdp (FSDP2, sharded "
-                                                      "checkpoints) [ddp].")] = None,
-    fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel [fused on GPUs].")] = None,
+                                                      "checkpoints); zero1/zero2 are plan only "
+                                                      f"{_default(TrainConfig, 'sharding')}.")] = None,
+    task: Annotated[str | None, typer.Option(help="train; finetune-lora and infer are plan only \\[train].")] = None,
+    lora_rank: Annotated[int | None, typer.Option(help="Plan only (finetune-lora).")] = None,
+    qlora: Annotated[bool, typer.Option("--qlora", help="Plan only (finetune-lora).")] = False,
+    fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel \\[fused on GPUs].")] = None,
     workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
                        ] = None,
-    eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps [at the end]."
+    eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps \\[at the end]."
                                                    )] = None,
-    log_every: Annotated[int | None, typer.Option(help="Steps between log lines [10].")] = None,
+    log_every: Annotated[int | None, typer.Option(help="Steps between log lines "
+                                                       f"{_default(TrainConfig, 'log_every')}.")] = None,
     checkpoint_dir: Annotated[str | None, typer.Option(help="Folder for checkpoints (safetensors, manifest).")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints (and at the end).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest good checkpoint.")] = False,
     log: Annotated[str | None, typer.Option(
         "--log", "--log-file", help="Append one JSON object per log step to this file (under torchrun write "
         "--log-file: torchrun's own parser takes --log for its --log-dir).")] = None,
-    auto: Annotated[bool, typer.Option("--auto/--no-auto", help="Let the planner pick the precision and the "
-                                                                "micro-batch that fits the free memory.")] = True,
+    auto: Annotated[bool | None, typer.Option("--auto/--no-auto", help="Let the planner pick the micro-batch that "
+                                              f"fits the free memory {_default(TrainOptions, 'auto')}.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Train with AMP, accumulation, clipping, checkpoints and exact resume; settings from the plan.
 
     With no arguments: a small character-level GPT on the English text that ships with Python (no download).
-    Under torchrun: DDP (or --sharding fsdp) over NCCL on GPUs, gloo on CPUs.
+    Under torchrun: DDP (or --sharding fsdp) over NCCL on GPUs, gloo on CPUs. The flags a gpuwise plan remedy
+    prints (--batch, --micro-batch, --precision, --checkpointing, --gpus, --sharding) run here as printed.
 
-    Examples: gpuwise train; gpuwise train --task image; gpuwise train --steps 500 --checkpoint-dir runs/char;
+    Examples: gpuwise train; gpuwise train --example image; gpuwise train --steps 500 --checkpoint-dir runs/char;
     gpuwise train --checkpoint-dir runs/char --resume --steps 1000; gpuwise train --model m.py:build --data
-    m.py:dataset; torchrun --nproc_per_node 2 -m gpuwise train --sharding fsdp
+    m.py:dataset; torchrun --nproc_per_node 2 -m gpuwise train --gpus 2 --sharding fsdp
     """
     import json as _json
 
     from gpuwise import render
-    from gpuwise.training.config import TrainConfig
+    from gpuwise.files import open_log
     from gpuwise.training.distributed import Ranks
-    from gpuwise.training.run import TrainOptions, run_training
+    from gpuwise.training.run import run_training
 
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
              "seed": seed, "checkpoint_every": checkpoint_every, "eval_every": eval_every, "log_every": log_every,
-             "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing or None}
-    options = TrainOptions(task=task, model=model, data=data, seq=seq, image_size=image_size, device=device,
-                           auto=auto, fused=fused, workers=workers, checkpoint_dir=checkpoint_dir, resume=resume,
-                           config={k: v for k, v in given.items() if v is not None})
-    from gpuwise.files import open_log
-
+             "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing}
+    config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
+    chosen = {"example": example, "auto": auto, "task": task}
+    options = TrainOptions(model=model, data=data, seq=seq, image_size=image_size, device=device, gpus=n_gpus,
+                           fused=fused, workers=workers, checkpoint_dir=checkpoint_dir, resume=resume,
+                           lora_rank=lora_rank, qlora=qlora, config=config,
+                           **{k: v for k, v in chosen.items() if v is not None})
     sink = open_log(log) if log else None
     console = Console(stderr=True, highlight=False)
-    progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out,
-                                    total=options.config.get("steps") or TrainConfig().steps)
+    progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out, total=config.steps)
 
     def on_log(entry) -> None:
         if sink:

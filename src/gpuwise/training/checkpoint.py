@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpuwise.errors import GpuwiseError
+from gpuwise.errors import DamagedCheckpoint, GpuwiseError
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -141,22 +141,23 @@ def commit(folder: Path, step: int, tmp: Path, *, fingerprint: str, keep: int, e
 
 
 def _verify(path: Path) -> Checkpoint:
+    """The checkpoint in ``path`` if its manifest lists every file with the right size and checksum."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files = {str(name): (int(meta["bytes"]), str(meta["sha256"])) for name, meta in manifest["files"].items()}
         step, fingerprint = int(manifest["step"]), str(manifest["fingerprint"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise GpuwiseError(f"{path.name}: no readable manifest ({type(exc).__name__})", "") from None
+        raise DamagedCheckpoint(f"{path.name}: no readable manifest ({type(exc).__name__})") from None
     needed = ("state.pt", "dcp/.metadata") if manifest.get("format") == "dcp" else ("state.pt", "model.safetensors")
     for name in needed:
         if name not in files:
-            raise GpuwiseError(f"{path.name}: the manifest does not list {name}", "")
+            raise DamagedCheckpoint(f"{path.name}: the manifest does not list {name}")
     for name, (size, digest) in files.items():
         f = path / name
         if not f.is_file() or f.stat().st_size != size:
-            raise GpuwiseError(f"{path.name}/{name} is missing or truncated", "")
+            raise DamagedCheckpoint(f"{path.name}/{name} is missing or truncated")
         if _sha256(f) != digest:
-            raise GpuwiseError(f"{path.name}/{name} does not match its checksum", "")
+            raise DamagedCheckpoint(f"{path.name}/{name} does not match its checksum")
     return Checkpoint(path=path, step=step, fingerprint=fingerprint)
 
 
@@ -183,8 +184,8 @@ def latest(folder: str | os.PathLike) -> tuple[Checkpoint | None, list[str]]:
     for path in sorted(Path(folder).glob(f"{PREFIX}*"), reverse=True):
         try:
             return _verify(path), skipped
-        except GpuwiseError as exc:
-            skipped.append(exc.message)
+        except DamagedCheckpoint as exc:
+            skipped.append(str(exc))
     return None, skipped
 
 
@@ -246,3 +247,113 @@ def load_state(ckpt: Checkpoint) -> dict[str, Any]:
 
 def is_sharded(ckpt: Checkpoint) -> bool:
     return json.loads((ckpt.path / MANIFEST).read_text()).get("format") == "dcp"
+
+
+def identity(model: torch.nn.Module, config: Any, world_size: int = 1) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: parameter names, shapes and dtypes, and the run's batch,
+    precision, learning rate, seed and layout (sharded or whole). The micro-batch and the number of
+    processes may change (the steps are the same); so may ``steps``, which stretches the schedule."""
+    return {"model": {name: [list(p.shape), str(p.dtype).removeprefix("torch.")]
+                      for name, p in model.state_dict().items()},
+            "batch": config.batch, "precision": config.precision, "lr": config.lr, "seed": config.seed,
+            "sharding": "fsdp" if config.sharding == "fsdp" and world_size > 1 else "none"}
+
+
+class Checkpointer:
+    """A run's checkpoints, whole or sharded behind one interface: ``save(step, ...)`` and ``resume(...)``.
+
+    Whole (one process, or DDP, where every process holds the same state): rank 0 writes the module's weights
+    as safetensors and the rest in ``state.pt``. Sharded (FSDP2): every process writes its shards with
+    ``torch.distributed.checkpoint`` into one hidden folder, then rank 0 adds ``state.pt`` and seals it.
+
+    >>> # ck = Checkpointer("runs/a", identity=identity(model, config)); ck.save(10, model, optimizer, state)
+    """
+
+    def __init__(self, folder: str | os.PathLike, *, identity: dict[str, Any], ranks: Any = None,
+                 sharded: bool = False, keep: int = 3) -> None:
+        from gpuwise.training.distributed import Ranks
+
+        self.folder = Path(folder)
+        check_writable(self.folder)
+        self.identity, self.fingerprint = identity, fingerprint_of(identity)
+        self.ranks, self.sharded, self.keep = ranks or Ranks(), sharded, keep
+
+    def _barrier(self) -> None:
+        if self.ranks.world_size > 1:
+            torch.distributed.barrier()
+
+    def check_fresh(self) -> None:
+        """Refuse to start a new run over another run's checkpoints."""
+        existing = steps_in(self.folder)
+        if existing:
+            raise GpuwiseError(f"{self.folder} holds checkpoints of a run already (newest {existing[-1].name})",
+                               "pass --resume to continue it, or another --checkpoint-dir")
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+             ) -> None:
+        """Checkpoint ``step``: the (unwrapped) model, the optimizer and ``state`` (plain data and tensors)."""
+        if self.sharded:
+            self._save_sharded(step, model, optimizer, state)
+        elif self.ranks.main:  # one writer: under DDP every process holds the same weights and optimizer state
+            save(self.folder, step, model_state=model.state_dict(),
+                 state={**state, "optimizer": optimizer.state_dict()}, fingerprint=self.fingerprint,
+                 keep=self.keep, identity=self.identity)
+        self._barrier()
+
+    def _save_sharded(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        tmp = self.folder / f".{PREFIX}{step:09d}.sharded"
+        if self.ranks.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        self._barrier()
+        if self.ranks.main:
+            torch.save(state, tmp / "state.pt")
+            commit(self.folder, step, tmp, fingerprint=self.fingerprint, keep=self.keep,
+                   extra={"format": "dcp", "identity": self.identity})
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, steps: int
+               ) -> tuple[dict[str, Any], list[str]]:
+        """Load the newest good checkpoint into ``model`` and ``optimizer``, checked to be this run's and short of
+        ``steps``; returns the rest of its state and the newer, damaged checkpoints that were passed over."""
+        found, skipped = latest(self.folder)
+        if found is None:
+            reason = f" ({'; '.join(skipped)})" if skipped else ""
+            raise GpuwiseError(f"no usable checkpoint in {self.folder}{reason}", "start without --resume")
+        check_identity(found, self.identity)
+        if found.step >= steps:
+            raise GpuwiseError(f"{found.path.name} is at step {found.step} already, --steps is {steps}",
+                               f"pass --steps above {found.step} to train on")
+        if is_sharded(found) != self.sharded:
+            raise GpuwiseError(f"{found.path.name} is {'sharded' if is_sharded(found) else 'whole'}, this run "
+                               f"is {'sharded' if self.sharded else 'not'}",
+                               "resume with the same --sharding and torchrun")
+        if self.sharded:
+            return self._load_sharded(found, model, optimizer), skipped
+        weights, state = load(found)
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(state.pop("optimizer"))
+        return state, skipped
+
+    def _load_sharded(self, found: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                      ) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        shards = {"model": model_state, "optimizer": optim_state}
+        try:
+            dcp.load(shards, checkpoint_id=str(found.path / "dcp"))
+        except BaseException as exc:  # CheckpointException derives from BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise GpuwiseError(f"{found.path.name}: the sharded weights do not load ({type(exc).__name__})",
+                               "resume with the processes that wrote it") from None
+        set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])
+        return load_state(found)

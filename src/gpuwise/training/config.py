@@ -1,25 +1,47 @@
-"""What a training run does: one frozen dataclass, validated on construction."""
+"""What a training run does, in the planner's vocabulary: ``TrainConfig`` (the loop's settings) and ``TrainOptions``
+(what ``gpuwise train`` trains, where). Both frozen, validated on construction; ``None`` means "auto" or "not given".
+
+Importing this module does not import torch (the CLI reads its defaults for ``--help``).
+
+>>> TrainConfig(batch=32, micro_batch=4).to_setup(gpus=2, seq=128).grad_accum   # doctest: +SKIP
+4
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
-from gpuwise.planning.setup import Precision, _choice, _positive
+from gpuwise.precision import PRECISIONS, Precision
+
+if TYPE_CHECKING:
+    from gpuwise.hardware.device import Target
+    from gpuwise.planning.setup import Checkpointing, Setup, Task
+
+TrainSharding = Literal["ddp", "fsdp"]  # what train runs of the planner's ddp|zero1|zero2|fsdp
+Example = Literal["text", "image"]
+TEXT_SEQ = 128  # --example text: characters per sequence when --seq is not given
+IMAGE_SIZE = 32  # --example image: pixels per side when --image-size is not given
+
+
+def plan_only(what: str, hint: str) -> GpuwiseError:
+    """A flag ``gpuwise plan`` can print that ``gpuwise train`` does not run."""
+    return GpuwiseError(f"plan only: {what}", hint)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     steps: int = 200
-    batch: int = 32  # global: micro_batch x grad_accum (x GPUs)
-    micro_batch: int | None = None  # None: the whole batch at once
+    batch: int = 32  # global: samples per optimizer step over every process
+    micro_batch: int | None = None  # per process per forward, the rest accumulated; None: auto (the plan's
+    #                                  choice in gpuwise train, the whole share of the batch in a bare Trainer)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr x this
     warmup_steps: int | None = None  # None: a tenth of the steps, at most 100
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # on matrices only (gpuwise.optim.param_groups)
     grad_clip: float | None = 1.0
-    precision: Precision = "fp32"
+    precision: Precision | None = None  # None: the device's default (Target.precision)
     seed: int = 1337
     log_every: int = 10
     checkpoint_every: int = 0  # 0: only at the end (when a checkpoint folder is given)
@@ -27,17 +49,24 @@ class TrainConfig:
     eval_every: int = 0  # 0: evaluate at the end only (when there is held-out data)
     eval_batches: int = 4
     compile: bool = False  # torch.compile the model
-    checkpointing: bool = False  # recompute every block in backward (activation checkpointing)
-    sharding: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate, or shard with FSDP2
+    checkpointing: Checkpointing = "none"  # full: recompute every block in backward (activation checkpointing)
+    sharding: TrainSharding = "ddp"  # under torchrun: replicate, or shard with FSDP2
 
     def __post_init__(self) -> None:
-        _choice("precision", self.precision, Precision)
+        from gpuwise.planning.setup import Checkpointing, _choice, _positive
+
+        if self.precision is not None:
+            _choice("precision", self.precision, Precision)
+        _choice("checkpointing", self.checkpointing, Checkpointing)
+        if self.sharding in ("zero1", "zero2"):
+            raise plan_only(f"--sharding {self.sharding} is planned by gpuwise plan, not run by gpuwise train",
+                            "use --sharding fsdp under torchrun (it shards weights, gradients and optimizer state)")
+        _choice("sharding", self.sharding, TrainSharding)
         _positive("steps", self.steps, 1 << 31)
         _positive("batch", self.batch, 1 << 24)
         _positive("micro_batch", self.micro_batch, 1 << 24)
         _positive("eval_batches", self.eval_batches, 1 << 20)
         _positive("log_every", self.log_every, 1 << 31)
-        _choice("sharding", self.sharding, Literal["ddp", "fsdp"])
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise GpuwiseError(f"--{name.replace('_', '-')} {getattr(self, name)} is negative",
@@ -52,6 +81,70 @@ class TrainConfig:
     def warmup(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, min(100, self.steps // 10))
 
-    @property
-    def grad_accum(self) -> int:
-        return self.batch // (self.micro_batch or self.batch)
+    def per_process(self, world_size: int) -> int:
+        """This process's share of the global batch, checked to split over the processes and into micro-batches."""
+        per_rank = self.batch // world_size
+        if self.batch % world_size or per_rank % (self.micro_batch or per_rank):
+            raise GpuwiseError(f"--batch {self.batch} does not split over {world_size} processes"
+                               + (f" in micro-batches of {self.micro_batch}" if self.micro_batch else ""),
+                               "make the batch a multiple of processes x micro-batch")
+        return per_rank
+
+    def for_device(self, target: Target) -> TrainConfig:
+        """This config on ``target``: precision None becomes the device's default, and a precision that needs
+        bf16 is refused on a GPU without it."""
+        precision = self.precision or target.precision
+        if PRECISIONS[precision].needs_bf16 and target.gpu and not target.bf16:
+            raise GpuwiseError(f"this GPU has no bf16 for --precision {precision}", "use --precision fp16-mixed")
+        return replace(self, precision=precision)
+
+    def to_setup(self, *, gpus: int = 1, seq: int | None = None) -> Setup:
+        """The planner's view of this run on ``gpus`` processes (the one train -> plan translation); the
+        precision must be decided first (``for_device``)."""
+        from gpuwise.planning.setup import Setup
+
+        if self.precision is None:
+            raise ValueError("to_setup needs a precision: call for_device first")
+        return Setup.for_batch(batch=self.batch, micro_batch=self.micro_batch, gpus=gpus, seq=seq,
+                               precision=self.precision, checkpointing=self.checkpointing,
+                               sharding=self.sharding if gpus > 1 else "ddp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """What ``gpuwise train`` trains and where; the loop's settings are ``config``."""
+
+    example: Example = "text"  # the built-in example: text (character GPT) or image (small CNN); not with --model
+    model: str | None = None  # file.py:function -> (model, inputs)
+    data: str | None = None  # file.py:function -> Dataset (or (train, val))
+    seq: int | None = None  # --example text: characters per sequence; None: TEXT_SEQ
+    image_size: int | None = None  # --example image: pixels per side; None: IMAGE_SIZE
+    device: str | None = None  # None: the default device (hardware.device.default_device)
+    gpus: int | None = None  # None: whatever torchrun started; else it must equal torchrun's world size
+    auto: bool = True  # the planner picks the micro-batch (and the precision is the device's default)
+    fused: bool | None = None  # fused AdamW (None: on GPUs; foreach on CPUs)
+    workers: int | None = None  # DataLoader workers for --data (None: 4 on GPUs, 0 on CPUs)
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    task: Task = "train"  # the planner's task: train only; finetune-lora and infer are plan only
+    lora_rank: int | None = None  # plan only (finetune-lora)
+    qlora: bool = False  # plan only (finetune-lora)
+    config: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        from gpuwise.planning.setup import Task, _choice, _positive
+
+        if self.example not in get_args(Example):
+            raise GpuwiseError(f"--example {self.example!r} is not text or image",
+                               "pass --example text or --example image")
+        _choice("task", self.task, Task)
+        if self.task != "train":
+            raise plan_only(f"--task {self.task} is planned by gpuwise plan; gpuwise train runs full training",
+                            "drop --task, or see the plan with gpuwise plan --task " + self.task)
+        if self.lora_rank is not None or self.qlora:
+            flag = "--qlora" if self.qlora else f"--lora-rank {self.lora_rank}"
+            raise plan_only(f"{flag} (LoRA fine-tuning) is planned by gpuwise plan, not run by gpuwise train",
+                            f"drop {flag.split()[0]}")
+        _positive("gpus", self.gpus, 1 << 16)
+        if self.resume and not self.checkpoint_dir:
+            raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")

@@ -1,0 +1,104 @@
+"""Activation checkpointing, FSDP2, torch.compile and DDP, applied to a plain model from outside (torchtitan's
+``parallelize.py``, gpt-fast's ``tp.py``): the model code knows nothing of them.
+
+The order is torchtitan's: checkpointing wraps each block first; then either FSDP2 shards each block and the
+root (and compiles in place), or torch.compile runs before DDP wraps the module (nanoGPT's order: the module's
+forward is what gets compiled).
+
+>>> # p = parallelize(model, optimizer, config, device=torch.device("cuda:0"), world_size=2)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpuwise.compat import fsdp2
+from gpuwise.errors import GpuwiseError
+from gpuwise.precision import PRECISIONS, PrecisionSpec
+from gpuwise.training.config import TrainConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallelized:
+    model: nn.Module  # what the step calls: the module itself (sharded, compiled in place), compiled, or DDP
+    optimizer: torch.optim.Optimizer  # rebuilt on the shards under FSDP2
+    sharded: bool  # FSDP2: parameters, gradients and optimizer states split over the processes
+    autocast_dtype: torch.dtype | None  # None under FSDP2 too: its mixed-precision policy casts the parameters
+
+
+def apply_checkpointing(model: nn.Module) -> None:
+    """Recompute every block in backward; a model without a stack of blocks is refused."""
+    from gpuwise.planning.transforms import apply_checkpointing as wrap_blocks
+    from gpuwise.planning.transforms import find_blocks
+
+    blocks = find_blocks(model)
+    if blocks is None:
+        raise GpuwiseError(f"--checkpointing full found no repeated blocks in {type(model).__name__}",
+                           "pass --checkpointing none, or keep the blocks in an nn.ModuleList")
+    wrap_blocks(blocks)
+
+
+def apply_fsdp(model: nn.Module, optimizer: torch.optim.Optimizer, spec: PrecisionSpec, *, device_type: str,
+               world_size: int) -> torch.optim.Optimizer:
+    """FSDP2: each block, then the root, sharded over the processes (in place); returns the optimizer rebuilt on
+    the shards, its parameter groups kept by parameter name."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gpuwise.planning.transforms import find_blocks
+
+    if spec.scaler:
+        raise GpuwiseError(f"--sharding fsdp does not take {spec.name} here", "use --precision bf16-mixed")
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+    fully_shard, policy = fsdp2()
+    mesh = init_device_mesh(device_type, (world_size,))
+    mp = policy(param_dtype=spec.autocast_dtype, reduce_dtype=torch.float32) if spec.autocast else policy()
+    for block in find_blocks(model) or []:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    shards = dict(model.named_parameters())  # the same names, now DTensor shards
+    takes = inspect.signature(type(optimizer)).parameters  # defaults may hold more than the constructor takes
+    return type(optimizer)([{**{k: v for k, v in group.items() if k != "params"}, "params": [shards[n] for n in ns]}
+                            for group, ns in zip(optimizer.param_groups, groups, strict=True)],
+                           **{k: v for k, v in optimizer.defaults.items() if k in takes})
+
+
+def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """Replicate over the processes; gradients are averaged by all-reduce in backward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, *, device: torch.device,
+                world_size: int) -> Parallelized:
+    """``config``'s checkpointing, sharding and compile applied to ``model`` (its precision must be decided)."""
+    spec = PRECISIONS[config.precision]
+    if config.checkpointing == "full":
+        apply_checkpointing(model)
+    if config.sharding == "fsdp" and world_size > 1:
+        optimizer = apply_fsdp(model, optimizer, spec, device_type=device.type, world_size=world_size)
+        if config.compile:
+            model.compile()
+        return Parallelized(model=model, optimizer=optimizer, sharded=True, autocast_dtype=None)
+    if config.compile:
+        model = torch.compile(model)
+    if world_size > 1:
+        model = apply_ddp(model, device)
+    return Parallelized(model=model, optimizer=optimizer, sharded=False, autocast_dtype=spec.autocast_dtype)
+
+
+def gradient_sync(model: nn.Module, *, sharded: bool, world_size: int, sync: bool) -> AbstractContextManager:
+    """All-reduce gradients on the last micro-batch of a step only (DDP's no_sync, FSDP2's gradient-sync switch)."""
+    if world_size == 1:
+        return contextlib.nullcontext()
+    if sharded:
+        model.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if sync else model.no_sync()
