@@ -156,3 +156,30 @@ def test_a_malformed_manifest_or_a_pickle_posing_as_safetensors_is_refused(tmp_p
     del manifest["files"]["model.safetensors"]
     (c.path / "manifest.json").write_text(json.dumps(manifest))
     assert "the manifest does not list model.safetensors" in ckpt.latest(tmp_path)[1][0]
+
+
+def test_the_checkpointer_saves_and_resumes_a_whole_run(tmp_path):
+    model, opt = _trained()
+    from gpuwise.training.config import TrainConfig
+
+    config = TrainConfig(batch=2, precision="fp32")
+    checkpointer = ckpt.Checkpointer(tmp_path, identity=ckpt.identity(model, config), keep=2)
+    checkpointer.check_fresh()
+    checkpointer.save(3, model, opt, {"step": 3})
+    with pytest.raises(GpuwiseError, match="holds checkpoints of a run already"):
+        checkpointer.check_fresh()
+    torch.manual_seed(1)
+    fresh = GPT(CFG)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    state, skipped = checkpointer.resume(fresh, fresh_opt, steps=10)
+    assert state == {"step": 3} and skipped == []
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    with pytest.raises(GpuwiseError, match="step-000000003 is at step 3 already, --steps is 3"):
+        checkpointer.resume(fresh, fresh_opt, steps=3)
+    other = ckpt.Checkpointer(tmp_path, identity=ckpt.identity(model, TrainConfig(batch=4, precision="fp32")))
+    with pytest.raises(GpuwiseError, match="written with batch 2, this run has 4"):
+        other.resume(fresh, fresh_opt, steps=10)
+    sharded = ckpt.Checkpointer(tmp_path, identity=ckpt.identity(model, config), sharded=True)
+    with pytest.raises(GpuwiseError, match="step-000000003 is whole, this run is sharded"):
+        sharded.resume(fresh, fresh_opt, steps=10)

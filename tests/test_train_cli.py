@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import run_cli
+from gpuwise.errors import GpuwiseError
 
 TINY = ["train", "--steps", "6", "--batch", "4", "--seq", "16"]
 
@@ -288,3 +289,178 @@ def test_ddp_accumulation_all_reduces_once_per_step_not_per_micro_batch(tmp_path
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"all_reduces": 3}
+
+
+# -- one vocabulary with gpuwise plan -----------------------------------------------------------------------------
+
+TINY_MODEL = '''
+import torch
+from torch import nn
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.GELU()) for _ in range(2))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def build(batch):
+    return Blocks(), torch.randn(batch, 8)
+'''
+
+# Quick to capture on fake tensors, too big for small GPUs: the plan offers every kind of remedy.
+WIDE_MODELS = '''
+import torch
+from torch import nn
+
+
+class Wide(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(4))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def huge(batch):  # 1.07 B parameters: sharding over GPUs or LoRA
+    return Wide(16384), torch.randn(batch, 16384)
+
+
+def long(batch):  # 8192 rows of 2048 per sample: precision, checkpointing and micro-batches
+    return Wide(2048), torch.randn(batch, 8192, 2048)
+'''
+
+
+@pytest.mark.parametrize(("args", "message", "hint"), [
+    (["--gpus", "2"], "plan only: --gpus 2 needs 2 processes", "torchrun --nproc_per_node 2 -m gpuwise train"),
+    (["--sharding", "zero2"], "plan only: --sharding zero2", "use --sharding fsdp under torchrun"),
+    (["--sharding", "zero1"], "plan only: --sharding zero1", "use --sharding fsdp under torchrun"),
+    (["--task", "finetune-lora"], "plan only: --task finetune-lora", "drop --task"),
+    (["--task", "infer"], "plan only: --task infer", "drop --task"),
+    (["--lora-rank", "16"], "plan only: --lora-rank 16", "drop --lora-rank"),
+    (["--qlora"], "plan only: --qlora", "drop --qlora"),
+    (["--task", "pretrain"], "--task 'pretrain' is not one of train, finetune-lora, infer", "pass --task train"),
+    (["--checkpointing", "some"], "--checkpointing 'some' is not one of none, full", "pass --checkpointing none"),
+])
+def test_flags_train_cannot_run_are_one_line_plan_only_errors(capsys, args, message, hint):
+    code, _, err = run(capsys, "train", "--steps", "1", "--no-auto", *args)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {message}") and hint in err
+
+
+def test_the_shared_vocabulary_runs_and_means_what_plan_means(capsys):
+    code, out, err = run(capsys, "train", "--steps", "1", "--batch", "8", "--micro-batch", "2", "--precision",
+                         "bf16-mixed", "--checkpointing", "full", "--gpus", "1", "--sharding", "ddp", "--task",
+                         "train", "--seq", "16", "--device", "cpu", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert (s["batch"], s["micro_batch"], s["grad_accum"], s["precision"]) == (8, 2, 4, "bf16-mixed")
+    from gpuwise.planning.setup import Setup
+
+    assert Setup.for_batch(batch=8, micro_batch=2).grad_accum == s["grad_accum"]  # plan reads the flags alike
+
+
+def test_every_remedy_plan_prints_runs_in_train_as_printed(capsys, tmp_path):
+    """Two plans that do not fit (a wide model's 1 B parameters on a T4; long samples on a 12 GB card) print
+    every kind of remedy; each row's flags, pasted after the plan's own, train one step of a small model (or are
+    refused in one "plan only:" line), with the batch, micro-batch and precision the plan meant."""
+    import shlex
+
+    from gpuwise.planning.setup import Setup
+
+    wide, tiny = tmp_path / "wide.py", tmp_path / "tiny.py"
+    wide.write_text(WIDE_MODELS)
+    tiny.write_text(TINY_MODEL)
+    plans = [["--model", f"{wide}:huge", "--batch", "4096", "--gpu", "t4", "--precision", "fp32"],
+             ["--model", f"{wide}:long", "--batch", "64", "--gpu", "rtx-3060-12gb", "--precision", "fp32"]]
+    ran, refused, names = 0, 0, set()
+    for plan in plans:
+        code, out, err = run(capsys, "plan", *plan, "--json")
+        assert code == 0, err
+        remedies = json.loads(out)["remedies"]
+        assert remedies
+        base = plan[2:4] + plan[6:]  # the plan's --batch and --precision, without --model and --gpu
+        for remedy in remedies:
+            names.add(remedy["name"].split()[0].rstrip(","))
+            flags = shlex.split(remedy["flags"])
+            code, out, err = run(capsys, "train", "--model", f"{tiny}:build", "--steps", "1", "--no-auto", *base,
+                                 *flags, "--json")
+            if code == 2 and err.startswith("error: plan only:"):
+                assert err.count("\n") == 1
+                refused += 1
+                continue
+            assert code == 0, (remedy["flags"], err)
+            given = dict(zip(base + flags, (base + flags)[1:], strict=False))  # flag -> value; the last one wins
+            meant = Setup.for_batch(batch=int(given["--batch"]), precision=given["--precision"],
+                                    micro_batch=int(given["--micro-batch"]) if "--micro-batch" in given else None)
+            s = json.loads(out)
+            assert (s["batch"], s["micro_batch"], s["grad_accum"], s["precision"]) == (
+                meant.batch, meant.micro_batch, meant.grad_accum, meant.precision), remedy["flags"]
+            ran += 1
+    assert {"fp16", "bf16", "activation", "micro-batch", "FSDP", "LoRA", "QLoRA"} <= names
+    assert ran >= 5 and refused >= 5, (ran, refused)
+
+
+# -- the device: hardware.device decides, for train as for bench and plan -----------------------------------------
+
+def _two_gpu_machine(second: str = "NVIDIA A100-SXM4-80GB", cc: tuple[int, int] = (8, 0)):
+    """GPU 0 an H100, GPU 1 another card: two catalog rows, so a wrong index shows."""
+    from dataclasses import replace
+
+    from conftest import cuda_env, gpu, nvml
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.hardware.detect import describe_local
+
+    env = cuda_env(count=2)
+    env = replace(env, torch=replace(env.torch, devices=(gpu(index=0), gpu(second, cc, index=1))),
+                  nvml_devices=(nvml(index=0), nvml(second, cc, index=1)))
+    return describe_local(env, load_catalog())
+
+
+def test_device_cuda_1_trains_against_gpu_1s_catalog_row(monkeypatch):
+    """run_training resolves --device on the machine it is given (this one by default): cuda:1 is the A100, and
+    the MFU divides by the A100's bf16 peak, not GPU 0's."""
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.training import run as train_run
+    from gpuwise.training.config import TrainOptions
+    from gpuwise.training.distributed import Ranks
+    from gpuwise.training.trainer import mfu_peak_tflops
+
+    monkeypatch.setattr(train_run, "_run", lambda opts, prepared, *rest: prepared)  # stop before the GPU is used
+    machine = _two_gpu_machine()
+    chosen = train_run.run_training(TrainOptions(device="cuda:1"), machine=machine, environ={})
+    assert (chosen.target.name, chosen.target.row.key, chosen.config.precision) == (
+        "cuda:1", "a100-80gb-sxm", "bf16-mixed")
+    catalog = load_catalog()
+    assert mfu_peak_tflops(chosen.target, "bf16-mixed") == catalog.get("a100-80gb-sxm").peak_tflops.get("bf16")
+    assert catalog.get("a100-80gb-sxm").peak_tflops.get("bf16") != catalog.get("h100-sxm").peak_tflops.get("bf16")
+    assert train_run.run_training(TrainOptions(), machine=machine, environ={}).target.row.key == "h100-sxm"
+    # under torchrun each process takes its local rank's GPU
+    rank1 = train_run.prepare(TrainOptions(), Ranks(rank=1, world_size=2, local_rank=1), machine)
+    assert rank1.target.row.key == "a100-80gb-sxm"
+
+
+def test_precision_defaults_to_the_devices_and_bf16_is_refused_where_the_gpu_has_none(monkeypatch):
+    from gpuwise.training import run as train_run
+    from gpuwise.training.config import TrainConfig, TrainOptions
+
+    monkeypatch.setattr(train_run, "_run", lambda opts, prepared, *rest: prepared)
+    machine = _two_gpu_machine("Tesla T4", (7, 5))  # Turing: no bf16
+    t4 = train_run.run_training(TrainOptions(device="cuda:1"), machine=machine, environ={})
+    assert (t4.target.row.key, t4.config.precision) == ("t4", "fp16-mixed")
+    assert train_run.run_training(TrainOptions(device="cpu"), machine=machine, environ={}).config.precision == "fp32"
+    with pytest.raises(GpuwiseError, match="this GPU has no bf16 for --precision bf16-mixed"):
+        train_run.run_training(TrainOptions(device="cuda:1", config=TrainConfig(precision="bf16-mixed")),
+                               machine=machine, environ={})
+    h100 = train_run.run_training(TrainOptions(device="cuda:0", config=TrainConfig(precision="bf16-mixed")),
+                                  machine=machine, environ={})
+    assert h100.config.precision == "bf16-mixed"

@@ -322,3 +322,23 @@ def test_the_trainer_takes_a_dataset_and_refuses_a_dataloader():
     with pytest.raises(GpuwiseError, match="takes the Dataset, not a DataLoader"):
         Trainer(model, torch.optim.AdamW(model.parameters()), torch.utils.data.DataLoader(_dataset()),
                 TrainConfig(steps=2, batch=8))
+
+
+def test_tf32_is_switched_by_the_run_not_by_constructing_a_trainer():
+    """TF32 is a process-wide torch setting: a Trainer leaves it alone; run_training turns it on for a tf32 run
+    and restores it afterwards."""
+    from gpuwise.training.config import TrainOptions
+    from gpuwise.training.run import run_training
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = False
+        _trainer(TrainConfig(steps=1, batch=4, precision="tf32"))
+        assert matmul.allow_tf32 is False
+        seen: list[bool] = []
+        opts = TrainOptions(seq=16, device="cpu", auto=False, config=TrainConfig(steps=1, batch=4, precision="tf32"))
+        run_training(opts, on_log=lambda log: seen.append(matmul.allow_tf32), environ={})
+        assert seen == [True] and matmul.allow_tf32 is False
+    finally:
+        matmul.allow_tf32 = before

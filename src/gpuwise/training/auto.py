@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpuwise.planning.plan import OVERHEAD_BYTES, TIGHT_FRACTION
+from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.workload import simulate
 from gpuwise.units import human_bytes
