@@ -3,6 +3,7 @@ took, and the steps apply in order, cumulatively, skipping what does not apply."
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +12,6 @@ import pytest
 from conftest import run_cli
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning import plan as plan_module
 from gpuwise.planning.fit import OVERHEAD_BYTES, GpuFit, status
 from gpuwise.planning.remedies import remedies, setup_flags
 from gpuwise.render._common import to_jsonable
@@ -177,6 +177,7 @@ def test_remedy_flags_reproduce_the_remedy_in_plan(capsys, monkeypatch, command,
     model, seq, gpu = command[1], int(command[command.index("--seq") + 1]), command[-1]
     expected = plan_model(model, Setup.for_batch(seq=seq, **given), gpu=gpu)
     assert not expected.fits and expected.remedies
+    plan_module = importlib.import_module("gpuwise.planning.plan")  # the package exports a function of that name
     monkeypatch.setattr(plan_module, "remedies", lambda *a, **k: ())  # the re-plans' own remedies are not checked
     for remedy in expected.remedies:
         code, out, err = run_cli(capsys, "plan", *command, *remedy.flags.split(), "--json")
