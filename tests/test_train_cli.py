@@ -412,7 +412,7 @@ def test_every_remedy_plan_prints_runs_in_train_as_printed(capsys, tmp_path):
 
 # -- the device: hardware.device decides, for train as for bench and plan -----------------------------------------
 
-def _two_gpu_machine(second: str = "NVIDIA A100-SXM4-80GB", cc: tuple[int, int] = (8, 0)):
+def _two_gpu_machine(second: str = "NVIDIA A100-SXM4-80GB", cc: tuple[int, int] = (8, 0), memory_gib: int = 80):
     """GPU 0 an H100, GPU 1 another card: two catalog rows, so a wrong index shows."""
     from dataclasses import replace
 
@@ -421,8 +421,11 @@ def _two_gpu_machine(second: str = "NVIDIA A100-SXM4-80GB", cc: tuple[int, int] 
     from gpuwise.hardware.detect import describe_local
 
     env = cuda_env(count=2)
-    env = replace(env, torch=replace(env.torch, devices=(gpu(index=0), gpu(second, cc, index=1))),
-                  nvml_devices=(nvml(index=0), nvml(second, cc, index=1)))
+    from gpuwise.units import GiB
+
+    memory = memory_gib * GiB
+    env = replace(env, torch=replace(env.torch, devices=(gpu(index=0), gpu(second, cc, memory, index=1))),
+                  nvml_devices=(nvml(index=0), nvml(second, cc, memory, index=1)))
     return describe_local(env, load_catalog())
 
 
@@ -454,7 +457,7 @@ def test_precision_defaults_to_the_devices_and_bf16_is_refused_where_the_gpu_has
     from gpuwise.training.config import TrainConfig, TrainOptions
 
     monkeypatch.setattr(train_run, "_run", lambda opts, prepared, *rest: prepared)
-    machine = _two_gpu_machine("Tesla T4", (7, 5))  # Turing: no bf16
+    machine = _two_gpu_machine("Tesla T4", (7, 5), 15)  # Turing: no bf16
     t4 = train_run.run_training(TrainOptions(device="cuda:1"), machine=machine, environ={})
     assert (t4.target.row.key, t4.config.precision) == ("t4", "fp16-mixed")
     assert train_run.run_training(TrainOptions(device="cpu"), machine=machine, environ={}).config.precision == "fp32"

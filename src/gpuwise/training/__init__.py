@@ -1,13 +1,15 @@
-"""Training: the loop (trainer.py), its config, data and tasks, crash-safe checkpoints, torchrun ranks, and
-``run_training`` (what ``gpuwise train`` calls). The names below load on first use (they import torch)."""
+"""Training: the loop (trainer.py), its config in the planner's vocabulary (config.py), parallelism applied from
+outside (parallelize.py), crash-safe checkpoints (checkpoint.py's Checkpointer), data and tasks, torchrun ranks,
+and ``run_training`` (what ``gpuwise train`` calls). The names below load on first use (most import torch)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_EXPORTS = {"Trainer": "trainer", "TrainResult": "trainer", "StepLog": "trainer", "TrainConfig": "config",
-            "TrainOptions": "run", "TrainSummary": "run", "run_training": "run"}
+_EXPORTS = {"Trainer": "trainer", "Runtime": "trainer", "TrainResult": "trainer", "StepLog": "trainer",
+            "TrainConfig": "config", "TrainOptions": "config", "Checkpointer": "checkpoint",
+            "TrainSummary": "run", "run_training": "run"}
 
 
 def __getattr__(name: str) -> Any:
