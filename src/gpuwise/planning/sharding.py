@@ -32,7 +32,9 @@ W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer
 
 
 def capture_setup(setup: Setup) -> Setup:
-    """The single-GPU setup whose capture ``shard`` starts from."""
+    """The single-GPU setup whose capture ``shard`` starts from. A sharded mixed step computes with 16-bit
+    parameters: captured as pure bf16, fp16-mixed too (the same bytes; the run's setup, not this one, picks the
+    catalog rate in the cost model)."""
     if setup.sharding != "ddp" and setup.mixed:
         return replace(setup, gpus=1, sharding="ddp", precision="bf16")
     return replace(setup, gpus=1, sharding="ddp")
