@@ -1,0 +1,62 @@
+"""Fit and cost model: one sharding per plan, the run's precision picks the rate, measured rates win, thresholds."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwise.hardware.calibration import Calibration
+from gpuwise.hardware.catalog import load_catalog
+from gpuwise.models import get_model
+from gpuwise.planning import Setup, plan_model
+from gpuwise.planning import sharding as sharding_module
+from gpuwise.planning.fit import TIGHT_FRACTION, status
+from gpuwise.planning.sharding import capture_setup, per_gpu
+from gpuwise.planning.source import ZooSource
+from gpuwise.planning.workload import simulate
+from gpuwise.units import GiB
+
+SHARDED = Setup(micro_batch=2, seq=128, precision="fp16-mixed", gpus=2, sharding="fsdp")
+
+
+def test_the_per_gpu_timeline_is_sharded_once_for_every_catalog_gpu(monkeypatch):
+    calls = []
+    real = sharding_module.shard
+    monkeypatch.setattr(sharding_module, "shard", lambda *a, **k: calls.append(1) or real(*a, **k))
+    p = plan_model("gpt2", SHARDED)
+    assert len(p.gpus) == len(load_catalog()) > 10 and p.fits
+    assert len(calls) == 2  # the timeline and the batch model, once
+
+
+def test_workload_keeps_the_captured_setup_and_the_run_is_passed():
+    w = simulate(ZooSource(zoo=get_model("gpt2")), capture_setup(SHARDED), batch_model=False)
+    assert w.setup.gpus == 1 and w.setup.precision == "bf16"  # FSDP computes with 16-bit parameters
+    step = per_gpu(w, SHARDED)
+    assert step.setup == SHARDED and step.peak_bytes == int(step.live.sum(axis=1).max())
+    with pytest.raises(ValueError, match="captured for"):
+        per_gpu(w, Setup(micro_batch=2, seq=128))
+
+
+def test_the_runs_precision_picks_the_rate():
+    """A sharded fp16-mixed step is captured as bf16, but a T4 (no bf16) still gets its fp16 floor."""
+    t4 = load_catalog().get("t4")
+    assert not t4.peak_tflops.get("bf16")
+    p = plan_model("gpt2", SHARDED, gpu="t4")
+    (fit,) = p.gpus
+    floor = max(p.flops_per_step / (t4.peak_tflops.get("fp16") * 1e12),
+                p.bytes_per_step / (t4.memory_bandwidth_gbps * 1e9))
+    assert fit.rates == "datasheet" and fit.step_time_s == pytest.approx(floor)
+
+
+def test_measured_rates_replace_the_datasheet():
+    cal = Calibration(device="h100-sxm", tflops={"bf16": 500.0}, gbps=2000.0)
+    p = plan_model("gpt2", Setup(micro_batch=2, seq=128), gpu="h100", calibrations={"h100-sxm": cal})
+    (fit,) = p.gpus
+    assert fit.rates == "measured"
+    assert fit.step_time_s == pytest.approx(max(p.flops_per_step / 500e12, p.bytes_per_step / 2000e9))
+
+
+@pytest.mark.parametrize(("headroom", "expected"), [
+    (-1, "no"), (0, "tight"), (int(TIGHT_FRACTION * 80 * GiB) - 1, "tight"), (int(TIGHT_FRACTION * 80 * GiB), "fits"),
+])
+def test_status_thresholds(headroom, expected):
+    assert status(headroom, 80 * GiB) == expected
