@@ -27,10 +27,6 @@ class NotApplicable(Exception):
     """A transformation that does not apply to this model or setup (LoRA without linear layers, ...)."""
 
 
-class Unsupported(Exception):
-    """A case this code path cannot handle, where another path can (a Triton kernel for an odd shape)."""
-
-
 class DamagedCheckpoint(Exception):
     """A checkpoint folder that cannot be read back: the message says what is wrong with it."""
 
