@@ -57,8 +57,8 @@ def plan(
         render.emit(render.ModelList(tuple(MODELS.values())), json=json_out)
         return
     check_png(plot)
-    from gpuwise.hardware.calibration import cache_dir, load_calibrations
-    from gpuwise.planning import Setup, plan_model
+    from gpuwise.planning import Setup
+    from gpuwise.planning.plan import plan_here
 
     training_only = [f for f, v in (("--optimizer", optimizer), ("--checkpointing", checkpointing)) if v is not None]
     if task == "infer" and training_only:
@@ -71,17 +71,7 @@ def plan(
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or 1,
                             **{k: v for k, v in given.items() if v is not None})
-    primary = None
-    if gpu is None:  # remedies for this machine's GPU (--device's, or the default one) when the catalog knows it
-        from gpuwise.hardware.device import local_machine, resolve_device
-
-        target = resolve_device(device, local_machine(os.environ))
-        primary = target.row.key if target.row is not None and target.gpu else None
-    elif device is not None:
-        raise GpuwiseError("--gpu names a catalog GPU and --device this machine's: give one",
-                           f"drop --device, or drop --gpu {gpu}")
-    calibrations = load_calibrations(cache_dir(os.environ))  # from gpuwise bench --calibrate
-    result = plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary, calibrations=calibrations)
+    result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
     render.emit(result, json=json_out)
     if plot is not None:  # after the plan is shown: a path we cannot write loses nothing
         from gpuwise.plot import plot_plan

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,3 +138,22 @@ def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None,
     """``plan`` for ``--model NAME``, ``--model file.py:function`` or ``--hf-config PATH``."""
     return plan(resolve_source(model, hf_config), setup, gpu=gpu, primary=primary, catalog=catalog,
                 calibrations=calibrations)
+
+
+def plan_here(model: str | None, setup: Setup, *, environ: Mapping[str, str], hf_config: str | None = None,
+              gpu: str | None = None, device: str | None = None) -> MemoryPlan:
+    """``gpuwise plan``: ``plan_model`` with this machine's context. Without ``gpu`` the max batch and remedies
+    are for ``device`` (else the default device) when the catalog knows it; stored calibrations (``gpuwise bench
+    --calibrate``) replace the datasheet's rates for the GPUs they measured."""
+    from gpuwise.hardware.calibration import cache_dir, load_calibrations
+    from gpuwise.hardware.device import local_machine, resolve_device
+
+    primary = None
+    if gpu is None:
+        target = resolve_device(device, local_machine(environ))
+        primary = target.row.key if target.row is not None and target.gpu else None
+    elif device is not None:
+        raise GpuwiseError("--gpu names a catalog GPU and --device this machine's: give one",
+                           f"drop --device, or drop --gpu {gpu}")
+    return plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary,
+                      calibrations=load_calibrations(cache_dir(environ)))
