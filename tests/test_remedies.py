@@ -20,15 +20,14 @@ from gpuwise.units import GiB
 
 def parsed(capsys, monkeypatch, flags: list[str]) -> Setup:
     """The Setup ``gpuwise plan`` makes of ``flags`` (its own parsing: the last of a repeated flag wins)."""
-    import gpuwise.planning
-
     seen = []
 
     def record(model, setup, **_):
         seen.append(setup)
         raise GpuwiseError("recorded")
 
-    monkeypatch.setattr(gpuwise.planning, "plan_model", record)
+    # the module, not the function the package exports under the same name
+    monkeypatch.setattr(importlib.import_module("gpuwise.planning.plan"), "plan_model", record)
     code, _, err = run_cli(capsys, "plan", "--model", "gpt2", "--gpu", "h100", *flags)
     assert code == 2 and seen, err
     return seen[0]
