@@ -68,7 +68,9 @@ def test_two_processes_over_gloo_match_one_process(capsys, tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            "-m", "gpuwise", *args, "--log-file", str(two), "--checkpoint-dir", str(tmp_path / "ck")],
                           capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # a rank that dies says why before torchrun's summary: keep those lines, not only the summary's tail
+    why = [line for line in done.stderr.splitlines() if "error" in line.lower() or "terminate" in line]
+    assert done.returncode == 0, "\n".join(why[:20]) + "\n" + done.stderr[-1500:]
     a = [json.loads(line)["loss"] for line in one.read_text().splitlines()]
     b = [json.loads(line)["loss"] for line in two.read_text().splitlines()]
     assert len(a) == len(b) == 6 and b == pytest.approx(a, rel=1e-5)
