@@ -123,15 +123,16 @@ class Setup:
         >>> Setup.for_batch(batch=32, micro_batch=4, gpus=2).grad_accum
         4
         """
-        _positive("batch", batch, MAX_BATCH * MAX_ACCUM)
+        _positive("batch", batch, 1 << 30)
         _positive("micro_batch", micro_batch, MAX_BATCH)
         _positive("gpus", gpus, 1 << 16)
         if batch is None:
             return cls(micro_batch=micro_batch or 1, gpus=gpus, **rest)
         micro = micro_batch or batch // gpus
         if micro == 0 or batch % (micro * gpus):
-            per = f"{gpus} GPUs x micro-batch {micro}" if micro_batch else f"{gpus} GPUs"
-            raise GpuwiseError(f"--batch {batch} does not split evenly over {per}",
+            per = " ".join(([f"over {gpus} GPUs"] if gpus > 1 else []) + ([f"in micro-batches of {micro}"]
+                                                                          if micro_batch else []))
+            raise GpuwiseError(f"--batch {batch} does not split evenly {per}",
                                f"pass a --batch that is a multiple of {micro * gpus if micro else gpus}")
         return cls(micro_batch=micro, grad_accum=batch // (micro * gpus), gpus=gpus, **rest)
 
