@@ -9,7 +9,7 @@ Two vocabularies, two tables:
 
 Importing this module does not import torch: dtypes are resolved when asked for.
 
->>> spec("fp16-mixed").scaler, spec("fp16-mixed").rate_key
+>>> PRECISIONS["fp16-mixed"].scaler, PRECISIONS["fp16-mixed"].rate_key
 (True, 'fp16')
 """
 
@@ -20,13 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
-from gpuwise.errors import GpuwiseError
-
 if TYPE_CHECKING:
     import torch
 
 Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16"]
-PRECISION_NAMES: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,16 +89,7 @@ PRECISIONS: dict[str, PrecisionSpec] = {p.name: p for p in (
     PrecisionSpec(name="bf16", compute="bf16", weights="bf16", autocast=False, scaler=False, tf32=False,
                   needs_bf16=True, rate_key="bf16"),
 )}
-assert tuple(PRECISIONS) == PRECISION_NAMES
-
-
-def spec(name: str) -> PrecisionSpec:
-    """The spec of a precision name; an unknown name is a one-line error that lists the names."""
-    try:
-        return PRECISIONS[name]
-    except KeyError:
-        raise GpuwiseError(f"--precision {name!r} is not one of {', '.join(PRECISIONS)}",
-                           "pass --precision bf16-mixed") from None
+assert tuple(PRECISIONS) == get_args(Precision)
 
 
 def default_precision(*, gpu: bool, bf16: bool) -> Precision:

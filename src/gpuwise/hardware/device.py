@@ -181,23 +181,18 @@ def device_for(name: str) -> Device:
     """The timing handle of ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, checked against what torch can use."""
     import torch
 
-    try:
-        dev = torch.device(name.strip().lower()) if name and name.strip() else torch.device("cpu")
-    except (RuntimeError, ValueError):
-        raise GpuwiseError(f"--device {name!r} is not a device name", DEVICE_HINT) from None
-    if dev.type == "cpu":
+    kind, index = parse_device(name if name and name.strip() else "cpu")
+    if kind == "cpu":
         return CpuDevice()
-    if dev.type == "cuda":
+    if kind == "cuda":
         if not torch.cuda.is_available():
             raise GpuwiseError(f"--device {name}: torch sees no CUDA GPU here",
                                "run 'gpuwise doctor', or use --device cpu")
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        index = index if index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
             raise GpuwiseError(f"--device {name}: there are {torch.cuda.device_count()} CUDA GPUs",
                                f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}")
         return CudaDevice(index)
-    if dev.type == "mps":
-        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-            raise GpuwiseError("--device mps: this machine has no Apple GPU torch can use", "use --device cpu")
-        return MpsDevice()
-    raise GpuwiseError(f"--device {name}: not a device gpuwise can time", DEVICE_HINT)
+    if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise GpuwiseError("--device mps: this machine has no Apple GPU torch can use", "use --device cpu")
+    return MpsDevice()
