@@ -71,8 +71,9 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     fits = Table(title=f"fit (needs = peak + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
                  padding=(0, 1), pad_edge=False)
     for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
-                         ("fits", "left"), ("max micro-batch", "right"), ("step ≥", "right")):
-        fits.add_column(col, justify=justify, no_wrap=True)
+                         ("fits", "left"), ("max micro-\nbatch", "right"), ("step ≥", "right")):
+        # numbers are never cut: a narrow terminal (or a pipe, 80 columns) folds the GPU's name instead
+        fits.add_column(col, justify=justify, no_wrap=col != "gpu", overflow="fold")
     for f in plan.gpus:
         head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
         fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
