@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from gpuwise.compat import warm_cpu_vml
 from gpuwise.errors import GpuwiseError
 
 
@@ -162,10 +163,14 @@ class DatasetBatches:
         # its own generator: the workers' base seed must not come from (and advance) the global RNG, which the
         # checkpoint saves and a resumed run restores
         loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=sampler, num_workers=self.workers,
-                                             pin_memory=pin, persistent_workers=False,
+                                             pin_memory=pin, persistent_workers=False, worker_init_fn=_warm_worker,
                                              generator=torch.Generator().manual_seed(self.seed + start))
         for collated in loader:
             yield _split_item(collated)
+
+
+def _warm_worker(worker_id: int) -> None:
+    warm_cpu_vml()  # a spawned worker is a fresh process: its first sizable sqrt/exp/... must not race
 
 
 def rows(x: Any, sl: slice) -> Any:

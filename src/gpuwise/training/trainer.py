@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from gpuwise.compat import warm_cpu_vml
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.hardware.device import Target, device_for
 from gpuwise.precision import PRECISIONS
@@ -141,6 +142,7 @@ def _as_batches(data: Any, config: TrainConfig) -> Any:
 class Trainer:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, data: Any, config: TrainConfig, *,
                  loss_fn: LossFn = default_loss, eval_data: Any = None, runtime: Runtime | None = None) -> None:
+        warm_cpu_vml()  # before any step: a busy CPU must not change the numbers (see its docstring)
         runtime = runtime or Runtime()
         config = config.for_device(runtime.device)  # precision None: the device's default
         self.ranks, self.runtime, self.config = runtime.ranks, runtime, config
