@@ -26,11 +26,30 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 SEGMENTS = ("consumer", "workstation", "datacenter", "edge")
-VENDORS = ("NVIDIA", "AMD", "Intel", "Huawei", "Google", "Apple")
+VENDORS = ("NVIDIA", "AMD", "Intel", "Huawei", "Google", "Apple", "Qualcomm")
+# The software stack PyTorch work runs on, which decides what a row can be used for: "cuda" and "rocm" run
+# stock PyTorch; "cann" (Ascend, torch_npu), "xla" (TPU, torch_xla) and "gaudi" (Intel HPU) need a port;
+# "mps" is the Apple GPU; "coreml" (Apple Neural Engine), "qnn" (Qualcomm AI Engine Direct) and "edgetpu"
+# (Coral) run exported inference graphs only, no training.
+ECOSYSTEMS = ("cuda", "rocm", "cann", "xla", "gaudi", "mps", "coreml", "qnn", "edgetpu")
 # Words that carry no identity in a device name: "NVIDIA GeForce RTX 4090" and "rtx 4090" are one card.
 _NOISE_WORDS = frozenset({"nvidia", "geforce", "amd", "radeon", "instinct", "intel", "google", "apple",
-                          "huawei", "tesla"})
+                          "huawei", "tesla", "qualcomm"})
 _ESTIMABLE = frozenset({"memory_gib", "memory_bandwidth_gbps", "tdp_w", "launch_price_usd", *DTYPES})
+_REQUIRED = ("key", "name", "vendor", "segment", "arch", "memory_gib", "ecosystem", "node_gpus", "source")
+_OPTIONAL = ("compute_capability", "aliases", "memory_type", "memory_bandwidth_gbps", "peak_tflops", "tdp_w",
+             "interconnect", "interconnect_gbps", "peer_link", "host_link", "allreduce_busbw_gbps",
+             "allreduce_source", "launch_year", "launch_price_usd", "cloud_usd_per_hour", "cloud_price_source",
+             "cloud_price_date", "street_price_usd", "street_price_source", "street_price_date", "estimated")
+# A figure that needs its provenance: the keys that must come with it when it is present.
+_NEEDS = {
+    "cloud_usd_per_hour": ("cloud_price_source", "cloud_price_date"),
+    "street_price_usd": ("street_price_source", "street_price_date"),
+    "allreduce_busbw_gbps": ("allreduce_source",),
+}
+_POSITIVE = ("memory_gib", "memory_bandwidth_gbps", "tdp_w", "interconnect_gbps", "allreduce_busbw_gbps",
+             "launch_price_usd", "cloud_usd_per_hour", "street_price_usd")
+_MONTH = re.compile(r"20\d\d-(0[1-9]|1[0-2])")  # "YYYY-MM", the month a price was seen
 
 
 def normalize_name(name: str) -> str:
@@ -80,10 +99,18 @@ class Accelerator:
     interconnect_gbps: float | None  # total bidirectional, as vendors quote it
     peer_link: bool  # a dedicated card-to-card link exists (NVLink, Infinity Fabric, ICI, ...)
     host_link: str | None
+    node_gpus: int  # accelerators one server holds on the card-to-card link (8 on an HGX board, 1 for a laptop)
+    allreduce_busbw_gbps: float | None  # measured NCCL all_reduce_perf busbw of a full node, GB/s
+    allreduce_source: str | None
+    ecosystem: str  # one of ECOSYSTEMS: the stack PyTorch work runs on
     launch_year: int | None
-    launch_price_usd: float | None
-    cloud_usd_per_hour: float | None
+    launch_price_usd: float | None  # list price at launch (in launch_year)
+    cloud_usd_per_hour: float | None  # on-demand, per accelerator
     cloud_price_source: str | None
+    cloud_price_date: str | None  # "YYYY-MM" the source states
+    street_price_usd: float | None  # a dated retail price, new or used (the source says which)
+    street_price_source: str | None
+    street_price_date: str | None  # "YYYY-MM"
     estimated: tuple[str, ...]  # fields derived rather than read off a datasheet (see source)
     source: str
 
@@ -97,20 +124,47 @@ class Accelerator:
         return data
 
 
-def _row_to_accelerator(row: Mapping[str, Any]) -> Accelerator:
+def _check_row(row: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the row, the field and the bad value; the fix is an edit of catalog.toml."""
     where = f"catalog row {row.get('key', '?')!r}"
-    for field in ("key", "name", "vendor", "segment", "arch", "memory_gib", "source"):
+    for field in _REQUIRED:
         if field not in row:
             raise ValueError(f"{where}: missing {field!r}")
+    if unknown := set(row) - {*_REQUIRED, *_OPTIONAL}:
+        close = {k: difflib.get_close_matches(k, [*_REQUIRED, *_OPTIONAL], n=1) for k in sorted(unknown)}
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}" + "".join(
+            f"; did you mean {c[0]!r} for {k!r}?" for k, c in close.items() if c))
     if row["segment"] not in SEGMENTS:
         raise ValueError(f"{where}: segment {row['segment']!r} is not one of {SEGMENTS}")
     if row["vendor"] not in VENDORS:
         raise ValueError(f"{where}: vendor {row['vendor']!r} is not one of {VENDORS}")
+    if row["ecosystem"] not in ECOSYSTEMS:
+        raise ValueError(f"{where}: ecosystem {row['ecosystem']!r} is not one of {ECOSYSTEMS}")
+    node_gpus = row["node_gpus"]
+    if isinstance(node_gpus, bool) or not isinstance(node_gpus, int) or node_gpus < 1:
+        raise ValueError(f"{where}: node_gpus {node_gpus!r} must be a whole number >= 1 (1 for a single device)")
+    for field in _POSITIVE:
+        value = row.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            raise ValueError(f"{where}: {field} {value!r} must be a number > 0; leave the key out when unknown")
+    for field, needs in _NEEDS.items():
+        if field in row and (missing := [n for n in needs if not row.get(n)]):
+            raise ValueError(f"{where}: {field} needs {missing}: every price and measurement says where and when")
+        if field not in row and (orphans := [n for n in needs if n in row]):
+            raise ValueError(f"{where}: {orphans} given without {field!r}")
+    for field in ("cloud_price_date", "street_price_date"):
+        if field in row and not (isinstance(row[field], str) and _MONTH.fullmatch(row[field])):
+            raise ValueError(f"{where}: {field} {row[field]!r} is not a month 'YYYY-MM' (e.g. '2026-05')")
     rates = row.get("peak_tflops", {})
     if unknown := set(rates) - set(DTYPES):
         raise ValueError(f"{where}: unknown dtypes {sorted(unknown)} in peak_tflops")
     if unknown := set(row.get("estimated", ())) - _ESTIMABLE:
         raise ValueError(f"{where}: unknown fields {sorted(unknown)} in estimated")
+
+
+def _row_to_accelerator(row: Mapping[str, Any]) -> Accelerator:
+    _check_row(row)
+    rates = row.get("peak_tflops", {})
     cc = row.get("compute_capability")
     return Accelerator(
         key=row["key"],
@@ -129,10 +183,18 @@ def _row_to_accelerator(row: Mapping[str, Any]) -> Accelerator:
         interconnect_gbps=row.get("interconnect_gbps"),
         peer_link=bool(row.get("peer_link", False)),
         host_link=row.get("host_link"),
+        node_gpus=row["node_gpus"],
+        allreduce_busbw_gbps=row.get("allreduce_busbw_gbps"),
+        allreduce_source=row.get("allreduce_source"),
+        ecosystem=row["ecosystem"],
         launch_year=row.get("launch_year"),
         launch_price_usd=row.get("launch_price_usd"),
         cloud_usd_per_hour=row.get("cloud_usd_per_hour"),
         cloud_price_source=row.get("cloud_price_source"),
+        cloud_price_date=row.get("cloud_price_date"),
+        street_price_usd=row.get("street_price_usd"),
+        street_price_source=row.get("street_price_source"),
+        street_price_date=row.get("street_price_date"),
         estimated=tuple(row.get("estimated", ())),
         source=row["source"],
     )
