@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwise.errors import GpuwiseError
-from gpuwise.hardware.catalog import DTYPES, SEGMENTS, load_catalog, normalize_name, parse_catalog
+from gpuwise.hardware.catalog import DTYPES, ECOSYSTEMS, SEGMENTS, load_catalog, normalize_name, parse_catalog
 from gpuwise.units import GB, GiB
 
 CATALOG = load_catalog()
@@ -19,11 +19,13 @@ REQUIRED = [
     "RTX PRO 6000 Blackwell", "T4", "V100", "A10", "A100 40GB", "A100 80GB", "L4", "L40S", "H100 SXM",
     "H100 PCIe", "H200", "B200", "GB200", "MI250X", "MI300X", "MI325X", "Gaudi 2", "Gaudi 3",
     "Ascend 910B", "TPU v5e", "TPU v5p", "M2 Ultra", "M3 Max", "M4 Max", "Jetson AGX Orin", "Coral Edge TPU",
+    # issue 12 (recommend): rows a ranking across clouds, workstations and phones needs
+    "A10G", "A100 40GB PCIe", "L40", "RTX 4000 Ada", "RTX 5000 Ada", "H20", "Apple Neural Engine", "Hexagon NPU",
 ]  # fmt: skip
 
 
 def test_catalog_has_every_required_row_and_at_least_30():
-    assert len(CATALOG) >= 30
+    assert len(CATALOG) >= 47
     found = {name: CATALOG.get(name).key for name in REQUIRED}
     assert len(set(found.values())) == len(REQUIRED), found  # each name its own row
 
@@ -132,6 +134,10 @@ def test_devices_are_matched_by_name_and_memory():
         ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100-80gb-sxm"),
         ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"), ("Tesla T4", "t4"), ("Tesla V100-SXM2-32GB", "v100-sxm2-32gb"),
         ("AMD Instinct MI300X", "mi300x"), ("Apple M3 Max", "m3-max-40c"),
+        ("NVIDIA A10G", "a10g"), ("a10", "a10"), ("NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"), ("NVIDIA L40", "l40"),
+        ("l40s", "l40s"), ("NVIDIA H20", "h20"), ("h200", "h200"), ("NVIDIA RTX 4000 Ada Generation", "rtx-4000-ada"),
+        ("rtx 5000 ada", "rtx-5000-ada"), ("snapdragon x elite", "hexagon-x-elite"), ("Qualcomm Hexagon NPU",
+        "hexagon-x-elite"), ("m4 neural engine", "apple-ane-m4"),
     ],
 )  # fmt: skip
 def test_lookup_by_normalised_name_and_alias(query, key):
@@ -140,7 +146,10 @@ def test_lookup_by_normalised_name_and_alias(query, key):
 
 def test_laptop_and_unknown_parts_do_not_match_a_desktop_row():
     assert CATALOG.find("NVIDIA GeForce RTX 4090 Laptop GPU") is None
-    assert CATALOG.find("NVIDIA A100-PCIE-40GB") is None
+    assert CATALOG.find("NVIDIA A100 80GB PCIe") is None  # the 80 GB PCIe card is not the 40 GB row
+    assert CATALOG.find("NVIDIA RTX 4000 SFF Ada Generation") is None  # the 70 W card is not the 130 W one
+    # The M4's GPU (what torch's MPS device names) is not its Neural Engine.
+    assert CATALOG.find("Apple M4") is None
 
 
 def test_unknown_name_lists_the_closest():
@@ -198,13 +207,162 @@ def test_to_dict_has_the_documented_json_keys():
     assert CATALOG.get("t4").to_dict()["peak_tflops"]["bf16"] is None
 
 
-def test_parse_catalog_rejects_clashing_aliases_and_bad_fields(tmp_catalog_text):
-    assert len(parse_catalog(tmp_catalog_text)) == 1
-    clash = tmp_catalog_text + tmp_catalog_text.replace('"x1"', '"x2"').replace("Example X1", "Example X2")
+# The fields issue 12 made required, added to conftest's one-row catalog.
+_RECOMMEND_FIELDS = 'ecosystem = "cuda"\nnode_gpus = 8\n'
+
+
+@pytest.fixture
+def row_text(tmp_catalog_text) -> str:
+    return tmp_catalog_text.replace('source = ', _RECOMMEND_FIELDS + 'source = ')
+
+
+def test_parse_catalog_rejects_clashing_aliases_and_bad_fields(row_text):
+    assert len(parse_catalog(row_text)) == 1
+    clash = row_text + row_text.replace('"x1"', '"x2"').replace("Example X1", "Example X2")
     with pytest.raises(ValueError, match="clashes"):
         parse_catalog(clash)
     with pytest.raises(ValueError, match="segment"):
-        parse_catalog(tmp_catalog_text.replace('"datacenter"', '"gaming"'))
+        parse_catalog(row_text.replace('"datacenter"', '"gaming"'))
     with pytest.raises(ValueError, match="dtypes"):
-        parse_catalog(tmp_catalog_text.replace("bf16 = 100.0", "bf17 = 100.0"))
-    assert math.isclose(parse_catalog(tmp_catalog_text).get("x1 sxm").peak_tflops.bf16, 100.0)
+        parse_catalog(row_text.replace("bf16 = 100.0", "bf17 = 100.0"))
+    assert math.isclose(parse_catalog(row_text).get("x1 sxm").peak_tflops.bf16, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (('ecosystem = "cuda"', 'ecosystem = "opencl"'), "catalog row 'x1': ecosystem 'opencl' is not one of"),
+        (('ecosystem = "cuda"\n', ""), "catalog row 'x1': missing 'ecosystem'"),
+        (("node_gpus = 8", "node_gpus = 0"), "catalog row 'x1': node_gpus 0 must be a whole number >= 1"),
+        (("node_gpus = 8", "node_gpus = 2.5"), "node_gpus 2.5 must be a whole number"),
+        (("node_gpus = 8\n", ""), "missing 'node_gpus'"),
+        (("source = ", 'cloud_usd_per_hour = -1.5\ncloud_price_source = "x"\ncloud_price_date = "2026-05"\nsource = '),
+         "catalog row 'x1': cloud_usd_per_hour -1.5 must be a number > 0"),
+        (("source = ", "launch_price_usd = 0\nsource = "), "launch_price_usd 0 must be a number > 0"),
+        (("source = ", 'cloud_usd_per_hour = 1.5\ncloud_price_source = "x"\nsource = '),
+         r"cloud_usd_per_hour needs \['cloud_price_date'\]"),
+        (("source = ", 'cloud_usd_per_hour = 1.5\ncloud_price_date = "2026-05"\nsource = '),
+         r"cloud_usd_per_hour needs \['cloud_price_source'\]"),
+        (("source = ", 'cloud_usd_per_hour = 1.5\ncloud_price_source = "x"\ncloud_price_date = "May 2026"\nsource = '),
+         "cloud_price_date 'May 2026' is not a month 'YYYY-MM'"),
+        (("source = ", 'street_price_usd = 700\nstreet_price_source = "x"\nstreet_price_date = "2026-13"\nsource = '),
+         "street_price_date '2026-13' is not a month"),
+        (("source = ", 'cloud_price_date = "2026-05"\nsource = '), "given without 'cloud_usd_per_hour'"),
+        (("source = ", "allreduce_busbw_gbps = 480\nsource = "), r"allreduce_busbw_gbps needs \['allreduce_source'\]"),
+        (("source = ", 'cloud_price_data = "2026-05"\nsource = '), "did you mean 'cloud_price_date'"),
+    ],
+)  # fmt: skip
+def test_malformed_rows_raise_a_clear_value_error(row_text, edit, message):
+    bad = row_text.replace(*edit)
+    assert bad != row_text, edit
+    with pytest.raises(ValueError, match=message):
+        parse_catalog(bad)
+
+
+def test_every_row_has_a_known_ecosystem_and_a_sane_node():
+    for acc in CATALOG:
+        assert acc.ecosystem in ECOSYSTEMS, acc.key
+        assert isinstance(acc.node_gpus, int) and 1 <= acc.node_gpus <= 72, acc.key
+        assert re.search(rf"node_gpus {acc.node_gpus}: \w", acc.source), acc.key  # the reason is in the source
+        if acc.node_gpus == 1:
+            assert acc.allreduce_busbw_gbps is None, acc.key  # nothing to all-reduce across
+    by_vendor = {"AMD": {"rocm"}, "Huawei": {"cann"}, "Google": {"xla", "edgetpu"}, "Intel": {"gaudi"},
+                 "Apple": {"mps", "coreml"}, "Qualcomm": {"qnn"}, "NVIDIA": {"cuda"}}
+    for acc in CATALOG:
+        assert acc.ecosystem in by_vendor[acc.vendor], acc.key
+    expected = {"gb200": 72, "h100-sxm": 8, "h100-pcie": 2, "mi300x": 8, "m4-max-40c": 1}
+    assert {key: CATALOG.get(key).node_gpus for key in expected} == expected
+    # NPUs and the Edge TPU run exported graphs, Apple GPUs run MPS, TPUs need torch_xla.
+    assert CATALOG.get("Apple Neural Engine").ecosystem == "coreml"
+    assert CATALOG.get("Hexagon NPU").ecosystem == "qnn"
+    assert CATALOG.get("tpu v5e").ecosystem == "xla" and CATALOG.get("910b").ecosystem == "cann"
+
+
+def test_npu_rows_hold_only_published_figures():
+    for name, tops, memory_gb, gbps in [("Apple Neural Engine", 38, 32, 120), ("Hexagon NPU", 45, 64, 136)]:
+        npu = CATALOG.get(name)
+        assert npu.segment == "edge" and npu.node_gpus == 1 and not npu.peer_link
+        assert npu.peak_tflops.int8 == tops  # Apple M4 keynote: 38 TOPS; Qualcomm: 45 TOPS
+        assert [npu.peak_tflops.get(d) for d in DTYPES if d != "int8"] == [None] * 5
+        assert (npu.memory_bytes, npu.memory_bandwidth_gbps) == (memory_gb * GiB, gbps)
+        assert npu.tdp_w is None and npu.cloud_usd_per_hour is None  # nobody publishes them
+    assert CATALOG.get("Hexagon NPU").vendor == "Qualcomm"
+    assert CATALOG.filter(vendor="qualcomm") == [CATALOG.get("hexagon-x-elite")]
+
+
+def test_every_price_has_a_source_and_a_month():
+    priced = 0
+    for acc in CATALOG:
+        for price, source, date in [
+            (acc.cloud_usd_per_hour, acc.cloud_price_source, acc.cloud_price_date),
+            (acc.street_price_usd, acc.street_price_source, acc.street_price_date),
+        ]:
+            if price is None:
+                assert source is None and date is None, acc.key
+                continue
+            priced += 1
+            assert price > 0 and source and re.fullmatch(r"20\d\d-(0[1-9]|1[0-2])", date), acc.key
+            # the year of the stated month appears in the source text
+            assert date[:4] in source, (acc.key, source)
+        if acc.launch_price_usd is not None:
+            assert acc.launch_price_usd > 0 and acc.launch_year is not None, acc.key
+    assert priced >= 19  # 17 cloud prices and 2 street prices found with dated sources (May-June 2026 search)
+    # A10G: AWS g5.xlarge in us-east-1, $1.006/h on demand (June 2026).
+    a10g = CATALOG.get("A10G")
+    assert (a10g.cloud_usd_per_hour, a10g.cloud_price_date) == (1.006, "2026-06")
+
+
+# Published NCCL all_reduce_perf bus bandwidths, GB/s, as quoted in the recommend anchors
+# (/work/shared/reference/recommend-watch-anchors.md, "Published NCCL bus bandwidths"): (low, high) per key.
+PUBLISHED_BUSBW = {
+    "h100-sxm": (480, 480),  # 8x H100 SXM, NVLS: "peak busBw of ~480GB/s" (nccl-tests#212; ring ~370)
+    "h200": (475, 475),  # 8x H200 SXM (nccl-tests#272)
+    "a100-80gb-sxm": (200, 208),  # 8x A100 SXM4 80GB: ~200 (nccl-tests#149), 208 (#178)
+    "h100-pcie": (115, 116),  # 2x H100 PCIe with an NVLink bridge (nccl#1161)
+    "rtx-4090": (25.7, 26.0),  # 4x RTX 4090, PCIe 4.0, P2P via the tinygrad kernel module (tinygrad#36)
+    "rtx-5090": (35, 35),  # 4x RTX 5090, PCIe 5.0, ACS off (nccl#1639; 8 cards: 28)
+}
+PUBLISHED_NODE = {"h100-sxm": 8, "h200": 8, "a100-80gb-sxm": 8, "h100-pcie": 2, "rtx-4090": 4, "rtx-5090": 4}
+
+
+def test_busbw_figures_are_the_published_measurements_and_nothing_else():
+    measured = {a.key: a for a in CATALOG if a.allreduce_busbw_gbps is not None}
+    assert set(measured) == set(PUBLISHED_BUSBW)  # no row carries an invented figure
+    for key, (low, high) in PUBLISHED_BUSBW.items():
+        acc = measured[key]
+        assert low <= acc.allreduce_busbw_gbps <= high, key
+        assert acc.node_gpus == PUBLISHED_NODE[key], key  # the figure is for a node of node_gpus cards
+        assert re.search(r"NVIDIA/nccl|tinygrad/", acc.allreduce_source), key
+    # A bus bandwidth cannot exceed the link's one-way rate (interconnect_gbps is bidirectional).
+    for acc in measured.values():
+        assert acc.allreduce_busbw_gbps <= acc.interconnect_gbps / 2 * 1.1, acc.key
+
+
+def test_new_rows_match_their_datasheets():
+    # NVIDIA L40 datasheet: 48 GB, 864 GB/s, 300 W, BF16 362.1 TFLOPS with sparsity -> 181.05 dense.
+    l40 = CATALOG.get("l40")
+    assert (l40.memory_bytes, l40.memory_bandwidth_gbps, l40.tdp_w) == (48 * GiB, 864, 300)
+    assert l40.peak_tflops.bf16 == pytest.approx(362.1 / 2)
+    assert CATALOG.get("l40s").peak_tflops.bf16 == pytest.approx(2 * l40.peak_tflops.bf16, rel=0.01)
+    # A100 40GB PCIe: SXM compute at 250 W, with a 2-card NVLink bridge.
+    pcie, sxm = CATALOG.get("a100 40gb pcie"), CATALOG.get("a100")
+    assert pcie.peak_tflops == sxm.peak_tflops and pcie.memory_bytes == sxm.memory_bytes
+    assert (pcie.tdp_w, pcie.node_gpus, sxm.node_gpus) == (250, 2, 8)
+    # H20: a sixth of the H100's dense bf16, more bandwidth.
+    h20, h100 = CATALOG.get("h20"), CATALOG.get("h100")
+    assert h20.peak_tflops.bf16 == 148 and h20.memory_bandwidth_gbps > h100.memory_bandwidth_gbps
+    # RTX Ada workstation cards: tensor TFLOPS printed with sparsity at FP8 (327.6 and 1,044.4) -> bf16 = /4.
+    assert CATALOG.get("rtx 4000 ada").peak_tflops.bf16 == pytest.approx(327.6 / 4, rel=0.001)
+    assert CATALOG.get("rtx 5000 ada").peak_tflops.bf16 == pytest.approx(1044.4 / 4, rel=0.001)
+    # A10G: PyTorch measures 69.5 TFLOPS bf16 (torch-performance-test-data#126): near the stored 70, not the A10's 125.
+    assert CATALOG.get("a10g").peak_tflops.bf16 == pytest.approx(69.47, rel=0.02)
+    assert CATALOG.get("a10").peak_tflops.bf16 == 125.0
+
+
+def test_to_dict_carries_the_recommend_fields():
+    data = CATALOG.get("h100").to_dict()
+    assert data["ecosystem"] == "cuda" and data["node_gpus"] == 8
+    assert data["allreduce_busbw_gbps"] == 480 and "nccl-tests#212" in data["allreduce_source"]
+    assert data["cloud_price_date"] == "2026-05"
+    assert data["street_price_usd"] is None and data["street_price_source"] is None
+    assert CATALOG.get("4090").to_dict()["street_price_date"] == "2026-02"
