@@ -31,7 +31,7 @@ from gpuwise.optim import param_groups
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
-from gpuwise.planning.tracker import Tracker
+from gpuwise.planning.tracker import OpCosts, Tracker
 from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks
 
 
@@ -46,6 +46,7 @@ class Capture:
     end_of_forward: int
     flops_per_step: int  # one optimizer step: grad_accum micro-batches
     bytes_per_step: int
+    costs: OpCosts = field(repr=False, compare=False)  # per op, weighted to one optimizer step like the totals
     uncosted: dict[str, int]
     params: int
     trainable_params: int
@@ -247,12 +248,12 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                 end_of_forward = tracker.marks["end_of_forward"]  # of the first micro-batch
                 for _ in range(micro - 1):
                     backward(forward())
-                fb_flops, fb_bytes = tracker.flops, tracker.bytes_moved
+                fb_flops, fb_bytes, fb_ops = tracker.flops, tracker.bytes_moved, tracker.n_ops
                 optimizer_step()
             else:
                 with torch.no_grad():
                     forward()
-                fb_flops, fb_bytes = tracker.flops, tracker.bytes_moved
+                fb_flops, fb_bytes, fb_ops = tracker.flops, tracker.bytes_moved, tracker.n_ops
                 end_of_forward = tracker.marks["end_of_forward"]
         for h in handles:
             h.remove()
@@ -260,10 +261,11 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         opt_flops = tracker.flops - fb_flops
         flops_per_step = fb_flops * setup.grad_accum // micro + opt_flops
         bytes_per_step = fb_bytes * setup.grad_accum // micro + tracker.bytes_moved - fb_bytes
+        costs = OpCosts.combine(tracker.op_costs(0, fb_ops).scaled(setup.grad_accum / micro), tracker.op_costs(fb_ops))
         return Capture(
             batch=batch, labels=tuple(tracker.labels), ops=tuple(tracker.ops),
             live=tracker.timeline(), end_of_forward=end_of_forward, flops_per_step=flops_per_step,
-            bytes_per_step=bytes_per_step,
+            bytes_per_step=bytes_per_step, costs=costs,
             uncosted=dict(tracker.uncosted), params=params, trainable_params=sum(p.numel() for p in trainable),
             block_bytes=block_bytes, block_trainable_params=block_trainable, measured_peak_bytes=measured,
         )

@@ -1,33 +1,281 @@
-"""How long a step takes on a GPU. Today a floor: the roofline of the whole step (Williams et al. 2009), its
-FLOPs at the compute peak or its bytes at the memory bandwidth, whichever takes longer. Real steps reach
-30-60% of it; per-op rooflines, efficiencies and communication are for ``recommend`` to add here.
+"""How long a step takes on a GPU, and on N of them, with the basis of every number.
 
->>> step_time_floor(per_gpu(workload, setup), load_catalog().get("h100")).seconds   # doctest: +SKIP
-0.0123
+``step_time`` costs each op of the captured step on its own roofline (Williams et al. 2009): its FLOPs at an
+efficiency times the peak of the run's precision, or its bytes at an efficiency times the memory bandwidth,
+whichever takes longer, and never less than the CPU cost of launching it from eager PyTorch. Data parallelism
+adds the collectives of DDP, ZeRO or FSDP at the NCCL bus bandwidth of the GPU's link, partly hidden behind
+backward. ``step_time_floor`` is the bare roofline of the whole step that ``plan``'s fit table prints.
+
+>>> step_time(per_gpu(workload, setup), load_catalog().get("h100-sxm")).basis   # doctest: +SKIP
+'bf16 989 TFLOPS x0.52 (matmul, fitted on anchors 5,6,13) · ...'
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
+from gpuwise.planning.tracker import ATTENTION, NONE, PHASES
 
 if TYPE_CHECKING:
     from gpuwise.planning.sharding import PerGpu
 
 Basis = Literal["datasheet", "measured"]
+MemoryClass = Literal["HBM", "GDDR", "unified", "other"]
+MEMORY_CLASSES = ("HBM", "GDDR", "unified", "other")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    value: float  # achieved / datasheet
+    source: str
+
+
+# THE table: achieved share of the datasheet rate, by op kind x memory class, and where an anchor shows it
+# differs, x architecture: (kind, class, arch) wins over (kind, class). "matmul" is every FLOP-counted GEMM or
+# convolution, "attention" the SDPA / flash kernels, "memory" the bytes of every kernel (elementwise, norms,
+# optimizer foreach, and GEMMs that are memory-bound). Hopper reaches a smaller share than Ampere: its peak grew
+# 3.2x over the A100's, its bandwidth 1.6x (torchtitan: 58% MFU on A100, 33-39% on H100, planner-anchors §6).
+_FIT = "(planner-anchors §6; benchmarks/speed_validation.py)"
+EFFICIENCY: dict[tuple[str, ...], Efficiency] = {
+    ("matmul", "HBM"): Efficiency(0.55, f"fitted on anchors 5,13 (A100) {_FIT}"),
+    ("matmul", "HBM", "Hopper"): Efficiency(0.49, f"fitted on anchor 6 (H100) {_FIT}"),
+    ("matmul", "HBM", "Blackwell"): Efficiency(0.49, "as Hopper: no anchor"),
+    ("matmul", "GDDR"): Efficiency(0.55, "as A100 (a similar FLOP/byte ratio): no GDDR training anchor"),
+    ("matmul", "unified"): Efficiency(0.55, "as A100: no anchor"),
+    ("matmul", "other"): Efficiency(0.55, "as A100: no anchor"),
+    ("attention", "HBM"): Efficiency(0.50, "FlashAttention-2, arXiv:2307.08691: forward 50-73% of A100 peak, "
+                                            "backward lower; the low end"),
+    ("attention", "GDDR"): Efficiency(0.50, "as HBM (FlashAttention-2)"),
+    ("attention", "unified"): Efficiency(0.30, "assumed: no flash kernel on MPS, SDPA math path"),
+    ("attention", "other"): Efficiency(0.40, "assumed"),
+    ("memory", "HBM"): Efficiency(0.80, "assumed: large elementwise kernels, no anchor isolates it"),
+    ("memory", "GDDR"): Efficiency(0.85, "assumed: GDDR reaches a larger share than HBM (decode fits, serving.py)"),
+    ("memory", "unified"): Efficiency(0.70, "assumed"),
+    ("memory", "other"): Efficiency(0.60, "assumed"),
+}
+
+
+def efficiency(kind: str, acc: Accelerator) -> Efficiency:
+    """The table's entry for ``kind`` on ``acc``: its architecture's if the table has one, else its memory class's."""
+    cls = memory_class(acc)
+    arch = (acc.arch or "").split(" ")[0]
+    return EFFICIENCY.get((kind, cls, arch)) or EFFICIENCY[(kind, cls)]
+
+
+# With a stored calibration the peak and bandwidth are what ``gpuwise bench --calibrate`` measured (its best large
+# GEMM, its device copy), so the share applied is achieved / measured = the table's value / the share those
+# benchmarks reach of the datasheet on the GPUs the table was fitted on (assumed: cuBLAS bf16 GEMMs ~0.8 of the
+# A100/H100 datasheet, copies ~0.9), capped at 1. The datasheet share is never applied twice.
+GEMM_CEILING = 0.80
+COPY_CEILING = 0.90
+
+# Eager PyTorch spends ~5-25 us of CPU per op before its kernel runs (dispatcher, autograd, cudaLaunchKernel;
+# jiahuanglin.xyz/all_lessons/gpu_kernel_serving/18_pytorch_to_kernel.html); the low end, as backward runs
+# in C++. An op takes at least this long: a tiny model is launch-bound.
+LAUNCH_S = 5e-6
+
+# NCCL bus bandwidth when the catalog has no measured figure. NVLink/NVSwitch: line rate per direction (half the
+# bidirectional figure vendors quote) less ~20% protocol overhead: 8x H100 450 GB/s line -> ~370 GB/s ring busbw
+# (sjeaugey, NVIDIA/nccl-tests#212).
+NVLINK_EFFICIENCY = Efficiency(0.82, "nccl-tests#212: 370 of 450 GB/s")
+# PCIe without a peer link: traffic goes through the host; 8x / 4x RTX 5090 on PCIe 5.0 x16 (64 GB/s per
+# direction) reach 28 / 35 GB/s busbw (NVIDIA/nccl#1639).
+PCIE_EFFICIENCY = Efficiency(0.50, "nccl#1639: 28-35 of 64 GB/s")
+_PCIE_GBPS_PER_LANE = {"3.0": 0.985, "4.0": 1.969, "5.0": 3.938, "6.0": 7.563}  # per direction (PCI-SIG)
+# Beyond one node: 400 Gb/s InfiniBand per GPU (DGX H100: 8x ConnectX-7 400 Gb/s, NVIDIA DGX H100 user guide)
+# = 50 GB/s, at the NVLink protocol share (assumed). Other boxes: one 100 Gb/s Ethernet port a node (assumed),
+# which a ring crosses once per node.
+NETWORK_GBPS_PER_GPU = 50.0
+NETWORK_GBPS_OTHER = 12.5
+NETWORK_EFFICIENCY = 0.82
+# Share of the backward (FSDP: forward + backward) compute that collectives can hide behind (assumed; torchtitan
+# anchors #3/#4 lose 3% going from 8 to 128 H100s, so most of it is hidden).
+OVERLAP = 0.8
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default: the last bucket's all-reduce is never hidden
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepTime:
+    """One optimizer step on one GPU of the run, itemised; ``seconds`` = compute + memory + launch + exposed comm."""
+
+    seconds: float
+    compute_s: float  # ops bound by their FLOPs
+    memory_s: float  # ops bound by their bytes
+    launch_s: float  # ops bound by the launch floor
+    comm_s: float  # collectives, if none were hidden
+    exposed_comm_s: float  # what backward did not hide
+    mfu: float  # the step's FLOPs / (seconds x datasheet peak)
+    basis: str  # every rate and efficiency used, and where it came from
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    busbw_gbps: float
+    source: str
+
+
+def memory_class(acc: Accelerator) -> MemoryClass:
+    """HBM, GDDR, unified (Apple, Jetson) or other, from the catalog's memory type."""
+    kind = (acc.memory_type or "").lower()
+    if "hbm" in kind:
+        return "HBM"
+    if "gddr" in kind:
+        return "GDDR"
+    if "unified" in kind or "lpddr" in kind:
+        return "unified"
+    return "other"
+
+
+def node_gpus(acc: Accelerator) -> int:
+    """GPUs in one box: the catalog's figure, else 8 (an HGX board, or a PCIe server), 1 for a SoC."""
+    n = getattr(acc, "node_gpus", None)
+    if n:
+        return int(n)
+    return 1 if (acc.interconnect or "none").startswith("none") else 8
+
+
+def _pcie_gbps(link: str | None) -> float | None:
+    m = re.search(r"PCIe (\d\.\d)(?: x(\d+))?", link or "")
+    if m is None or m.group(1) not in _PCIE_GBPS_PER_LANE:
+        return None
+    return _PCIE_GBPS_PER_LANE[m.group(1)] * int(m.group(2) or 16)
+
+
+def allreduce_link(acc: Accelerator, gpus: int) -> Link | None:
+    """The all-reduce bus bandwidth of ``gpus`` of ``acc``: measured when the catalog has it, else derived from the
+    link; across nodes the network's share per GPU caps it. None: the GPU has no link to another."""
+    measured = getattr(acc, "allreduce_busbw_gbps", None)
+    bridge = "2-way" in (acc.interconnect or "")
+    if measured:
+        intra = Link(busbw_gbps=float(measured),
+                     source=f"all-reduce {measured:g} GB/s busbw "
+                            f"({getattr(acc, 'allreduce_source', None) or 'catalog'})")
+    elif acc.peer_link and acc.interconnect_gbps and not (bridge and gpus > 2):
+        bw = acc.interconnect_gbps / 2 * NVLINK_EFFICIENCY.value
+        intra = Link(busbw_gbps=bw, source=f"all-reduce {bw:.0f} GB/s busbw ({acc.interconnect} "
+                                           f"{acc.interconnect_gbps:g}/2 x{NVLINK_EFFICIENCY.value}, "
+                                           f"{NVLINK_EFFICIENCY.source})")
+    else:
+        pcie = _pcie_gbps(acc.interconnect) or _pcie_gbps(acc.host_link)
+        if pcie is None:
+            return None
+        bw = pcie * PCIE_EFFICIENCY.value
+        intra = Link(busbw_gbps=bw, source=f"all-reduce {bw:.0f} GB/s busbw (PCIe {pcie:.0f} GB/s/dir "
+                                           f"x{PCIE_EFFICIENCY.value}, {PCIE_EFFICIENCY.source})")
+    if gpus <= node_gpus(acc):
+        return intra
+    dc = acc.segment == "datacenter"
+    net = (NETWORK_GBPS_PER_GPU if dc else NETWORK_GBPS_OTHER) * NETWORK_EFFICIENCY
+    if net >= intra.busbw_gbps:
+        return intra
+    what = "400 Gb/s IB per GPU, DGX H100 guide" if dc else "100 Gb/s Ethernet a node, assumed"
+    return Link(busbw_gbps=net, source=f"all-reduce {net:.0f} GB/s busbw across nodes ({what}, x{NETWORK_EFFICIENCY})")
+
+
+def comm_bytes(step: PerGpu) -> tuple[float, float]:
+    """Bytes each GPU sends per optimizer step, at the bus bandwidth's accounting (NVIDIA/nccl-tests
+    PERFORMANCE.md: all-reduce 2(n-1)/n x S, reduce-scatter and all-gather (n-1)/n x S each), and the bytes
+    that can never hide (the last DDP bucket, or one FSDP block's gather).
+
+    DDP all-reduces the gradients (in the weights' dtype) once per step (no_sync on the other micro-batches);
+    ZeRO-1/2 reduce-scatter 16-bit gradients and all-gather the updated 16-bit parameters; FSDP all-gathers
+    the 16-bit parameters in forward and again in backward on every micro-batch and reduce-scatters the
+    gradients (fp32 under mixed precision, training/parallelize.py) once per step: 1.5x DDP in one dtype."""
+    s = step.setup
+    n = s.gpus
+    if n == 1 or not s.training:
+        return 0.0, 0.0
+    w = step.workload
+    share = (n - 1) / n
+    half = s.compute_dtype.itemsize
+    if s.sharding == "ddp":
+        grads = w.trainable_params * s.weight_dtype.itemsize
+        return 2 * share * grads, 2 * share * min(grads, DDP_BUCKET_BYTES)
+    if s.sharding in ("zero1", "zero2"):
+        total = share * w.trainable_params * half * 2
+        return total, 2 * share * min(w.trainable_params * half, DDP_BUCKET_BYTES)
+    reduce = w.trainable_params * (4 if s.mixed else half)
+    gathers = 2 * s.grad_accum * w.params * half
+    return share * (gathers + reduce), share * (w.block_bytes + w.block_trainable_params * (4 if s.mixed else half))
+
+
+def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None):
+    key = step.setup.spec.rate_key
+    datasheet = acc.peak_tflops.get(key)
+    measured = calibration.tflops.get(key) if calibration is not None else None
+    gbps_measured = calibration.gbps if calibration is not None else None
+    return key, datasheet, measured, gbps_measured
+
+
+def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None) -> StepTime | None:
+    """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, op by op, plus the exposed
+    collectives. None: the GPU has no rate for the run's precision (bf16 before Ampere) or no bandwidth."""
+    key, datasheet, measured, gbps_measured = _peak(step, acc, calibration)
+    tflops = measured or datasheet
+    gbps = gbps_measured or acc.memory_bandwidth_gbps
+    if not tflops or not gbps:
+        return None
+    cls = memory_class(acc)
+    eta_mm, eta_at, eta_mem = (efficiency(k, acc) for k in ("matmul", "attention", "memory"))
+    mm, at, mem = eta_mm.value, eta_at.value, eta_mem.value
+    if measured:
+        mm, at = min(1.0, mm / GEMM_CEILING), min(1.0, at / GEMM_CEILING)
+    if gbps_measured:
+        mem = min(1.0, mem / COPY_CEILING)
+    c = step.workload.costs
+    s = step.setup
+    flops, nbytes = c.flops, c.bytes
+    if s.training and s.gpus > 1 and s.sharding != "ddp":  # each GPU steps its shard, in fp32 under mixed precision
+        widen = 4 / s.compute_dtype.itemsize if s.mixed else 1.0
+        opt = c.phase == PHASES.index("optimizer")
+        flops, nbytes = np.where(opt, flops * widen / s.gpus, flops), np.where(opt, nbytes * widen / s.gpus, nbytes)
+    eta = np.where(c.kind == ATTENTION, at, mm)
+    t_compute = flops / (eta * tflops * 1e12)
+    t_memory = nbytes / (mem * gbps * 1e9)
+    t_launch = np.where(c.kind == NONE, 0.0, LAUNCH_S)
+    times = np.stack([t_compute, t_memory, t_launch])
+    bound = times.argmax(axis=0)
+    per_op = times.max(axis=0) * c.count
+    compute_s, memory_s, launch_s = (float(per_op[bound == i].sum()) for i in range(3))
+    comm_s = exposed = 0.0
+    link = None
+    volume, tail = comm_bytes(step)
+    if volume:
+        link = allreduce_link(acc, s.gpus)
+        if link is None:
+            return None
+        comm_s = volume / (link.busbw_gbps * 1e9)
+        phases = (1,) if s.sharding != "fsdp" else (0, 1)
+        window = float((times.max(axis=0) * c.count)[np.isin(c.phase, phases)].sum())
+        exposed = max(comm_s - OVERLAP * window, tail / (link.busbw_gbps * 1e9))
+    seconds = compute_s + memory_s + launch_s + exposed
+    peak = datasheet or tflops
+    rate = f"{key} {tflops:g} TFLOPS {'measured (gpuwise bench --calibrate)' if measured else 'datasheet'}"
+    parts = [f"{rate} x{mm:.2f} (matmul, {eta_mm.source}) x{at:.2f} (attention, {eta_at.source})",
+             f"{cls} {gbps:g} GB/s {'measured' if gbps_measured else 'datasheet'} x{mem:.2f} ({eta_mem.source})",
+             f"launch {LAUNCH_S * 1e6:g} us/op (eager PyTorch)"]
+    if link is not None:
+        parts.append(f"{s.sharding} over {s.gpus}: {link.source}, {OVERLAP:.0%} of "
+                     f"{'forward+backward' if s.sharding == 'fsdp' else 'backward'} hides it (assumed)")
+    return StepTime(seconds=seconds, compute_s=compute_s, memory_s=memory_s, launch_s=launch_s, comm_s=comm_s,
+                    exposed_comm_s=exposed, mfu=c.total_flops / (seconds * peak * 1e12),
+                    basis=" · ".join(parts))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepFloor:
     seconds: float
     basis: Basis  # the catalog's dense peaks, or rates gpuwise bench --calibrate measured on the device
 
 
 def step_time_floor(step: PerGpu, accelerator: Accelerator,
-                    calibration: Calibration | None = None) -> StepTime | None:
+                    calibration: Calibration | None = None) -> StepFloor | None:
     """The roofline floor of one optimizer step of ``step`` on ``accelerator``, at the rate of the run's
     precision (``Setup.spec.rate_key``); measured rates replace the datasheet's. None: the GPU has no such rate
     (bf16 before Ampere)."""
@@ -39,4 +287,4 @@ def step_time_floor(step: PerGpu, accelerator: Accelerator,
     gbps = (calibration.gbps if measured else None) or accelerator.memory_bandwidth_gbps
     compute = step.workload.flops_per_step / (tflops * 1e12)
     memory = step.workload.bytes_per_step / (gbps * 1e9) if gbps else 0.0
-    return StepTime(seconds=max(compute, memory), basis="measured" if measured else "datasheet")
+    return StepFloor(seconds=max(compute, memory), basis="measured" if measured else "datasheet")

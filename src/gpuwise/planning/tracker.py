@@ -25,6 +25,7 @@ import math
 import weakref
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -63,6 +64,87 @@ _NO_FLOPS = frozenset({
     "_pin_memory", "item", "nonzero", "repeat", "tril", "triu", "expand_copy", "diagonal_backward",
     "unfold_backward", "_foreach_copy_", "_assert_async", "_functional_sym_constrain_range",
 })
+
+
+# Op kinds for the cost model: tensor-core GEMMs (matmul, conv), attention kernels (SDPA / gpuwise attention),
+# other kernels (elementwise, reductions, norms, optimizer foreach: memory-bound), and ops that launch no kernel.
+KINDS = ("matmul", "attention", "other", "none")
+MATMUL, ATTENTION, OTHER, NONE = range(4)
+PHASES = ("forward", "backward", "optimizer")
+_PHASE = {"setup": 0, "forward": 0, "backward": 1, "optimizer": 2}
+# Allocation and metadata ops: the caching allocator hands out memory without a kernel.
+_NO_KERNEL = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_", "resize_",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_assert_async",
+    "_functional_sym_constrain_range", "detach", "alias",
+})
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCosts:
+    """Every kernel-launching op of a step, device independent: ``sum(flops * count)`` is the step's FLOPs.
+
+    ``count`` weighs each row: micro-batches per optimizer step, and the 2/3-block extrapolation (negative
+    weights are allowed there; rows that repeat in both captures cancel)."""
+
+    flops: np.ndarray = field(repr=False)  # float64, per call
+    bytes: np.ndarray = field(repr=False)  # float64, read + written per call
+    kind: np.ndarray = field(repr=False)  # int8 index into KINDS
+    phase: np.ndarray = field(repr=False)  # int8 index into PHASES
+    count: np.ndarray = field(repr=False)  # float64 weight
+
+    @classmethod
+    def empty(cls) -> OpCosts:
+        z = np.zeros(0)
+        return cls(flops=z, bytes=z, kind=z.astype(np.int8), phase=z.astype(np.int8), count=z)
+
+    def __len__(self) -> int:
+        return len(self.count)
+
+    @property
+    def total_flops(self) -> float:
+        return float(self.flops @ self.count)
+
+    @property
+    def total_bytes(self) -> float:
+        return float(self.bytes @ self.count)
+
+    def scaled(self, weight: float) -> OpCosts:
+        return OpCosts(flops=self.flops, bytes=self.bytes, kind=self.kind, phase=self.phase, count=self.count * weight)
+
+    def where(self, mask: np.ndarray) -> OpCosts:
+        return OpCosts(flops=self.flops[mask], bytes=self.bytes[mask], kind=self.kind[mask], phase=self.phase[mask],
+                       count=self.count[mask])
+
+    @staticmethod
+    def combine(*parts: OpCosts) -> OpCosts:
+        """The parts' rows together, identical rows merged (their weights summed, zero weights dropped)."""
+        flops = np.concatenate([p.flops for p in parts])
+        nbytes = np.concatenate([p.bytes for p in parts])
+        kind = np.concatenate([p.kind for p in parts])
+        phase = np.concatenate([p.phase for p in parts])
+        count = np.concatenate([p.count for p in parts])
+        rows = np.stack([flops, nbytes, kind.astype(np.float64), phase.astype(np.float64)], axis=1)
+        if not len(rows):
+            return OpCosts.empty()
+        unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+        summed = np.bincount(inverse.ravel(), weights=count, minlength=len(unique))
+        keep = summed != 0
+        u = unique[keep]
+        return OpCosts(flops=u[:, 0], bytes=u[:, 1], kind=u[:, 2].astype(np.int8), phase=u[:, 3].astype(np.int8),
+                       count=summed[keep])
+
+
+def op_kind(name: str, flops: int | None, namespace: str) -> int:
+    """Which cost class an op falls in: attention kernels, other FLOP-counted ops (GEMMs, convolutions), the
+    rest memory-bound; allocation-only ops launch nothing."""
+    if "attention" in name:
+        return ATTENTION
+    if flops:
+        return MATMUL
+    if name in _NO_KERNEL or namespace in ("prim", "profiler"):
+        return NONE
+    return OTHER
 
 
 def _sdpa_forward_flops(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -132,6 +214,10 @@ class Tracker(TorchDispatchMode):
         self.flops_by_op: Counter[str] = Counter()
         self.bytes_by_op: Counter[str] = Counter()
         self.uncosted: Counter[str] = Counter()
+        self._op_flops: list[int] = []  # one entry per op that moves data or does arithmetic
+        self._op_bytes: list[int] = []
+        self._op_kind: list[int] = []
+        self._op_phase: list[int] = []
         self.marks: dict[str, int] = {}
 
     # --- storages -------------------------------------------------------------------------------
@@ -185,9 +271,17 @@ class Tracker(TorchDispatchMode):
             self.uncosted[name] += 1
         else:
             self.flops_by_op[name] += flops
-        if not func.is_view and func.namespace not in ("prim", "profiler"):  # views move no data
+        moved = 0
+        data = not func.is_view and func.namespace not in ("prim", "profiler")  # views move no data
+        if data:
             leaves = tree_leaves((args, kwargs, out))
-            self.bytes_by_op[name] += sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
+            moved = sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
+            self.bytes_by_op[name] += moved
+        if data or flops:
+            self._op_flops.append(flops or 0)
+            self._op_bytes.append(moved)
+            self._op_kind.append(op_kind(name, flops, func.namespace))
+            self._op_phase.append(_PHASE[self.phase])
         fresh = False
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and self._record(t, "temporaries") is not None:
@@ -205,6 +299,19 @@ class Tracker(TorchDispatchMode):
     def bytes_moved(self) -> int:
         """Bytes read and written by the ops so far (inputs + outputs of each)."""
         return sum(self.bytes_by_op.values())
+
+    def op_costs(self, start: int = 0, stop: int | None = None) -> OpCosts:
+        """The ops recorded from index ``start`` to ``stop`` (see ``n_ops``), each with weight 1, merged."""
+        sl = slice(start, stop)
+        return OpCosts.combine(OpCosts(
+            flops=np.asarray(self._op_flops[sl], dtype=np.float64),
+            bytes=np.asarray(self._op_bytes[sl], dtype=np.float64),
+            kind=np.asarray(self._op_kind[sl], dtype=np.int8), phase=np.asarray(self._op_phase[sl], dtype=np.int8),
+            count=np.ones(len(self._op_flops[sl]))))
+
+    @property
+    def n_ops(self) -> int:
+        return len(self._op_flops)
 
     def timeline(self) -> np.ndarray:
         """Live bytes, shape (samples, len(CATEGORIES)); storages that predate the first sample count from it."""

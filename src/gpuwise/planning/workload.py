@@ -10,6 +10,7 @@ from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning.capture import Capture, capture
 from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, extrapolate_blocks
 from gpuwise.planning.setup import Setup
+from gpuwise.planning.tracker import OpCosts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +25,7 @@ class Workload:
     block_trainable_params: int
     flops_per_step: int
     bytes_per_step: int
+    costs: OpCosts = field(repr=False, compare=False)  # per op, summing to flops_per_step and bytes_per_step
     tokens_per_step: int
     timeline: Timeline = field(repr=False)  # exact at setup.micro_batch
     batch_model: Timeline | None = field(repr=False)  # affine in the batch, valid from setup.micro_batch (+1 at worst)
@@ -90,6 +92,7 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
                 block_trainable_params=c3.block_trainable_params,
                 flops_per_step=lin(c2.flops_per_step, c3.flops_per_step),
                 bytes_per_step=lin(c2.bytes_per_step, c3.bytes_per_step), tokens_per_step=tokens,
+                costs=OpCosts.combine(c2.costs.scaled(1 - k), c3.costs.scaled(k)),
                 timeline=timeline, batch_model=model,
                 uncosted={op: lin(c2.uncosted.get(op, 0), c3.uncosted.get(op, 0))
                           for op in {**c2.uncosted, **c3.uncosted}},
@@ -101,6 +104,6 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     return Workload(
         model=source.name, setup=setup, params=c.params, trainable_params=c.trainable_params,
         block_bytes=c.block_bytes, block_trainable_params=c.block_trainable_params,
-        flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step,
+        flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step, costs=c.costs,
         tokens_per_step=tokens, timeline=timeline, batch_model=model, uncosted=c.uncosted, captured_blocks=None,
     )

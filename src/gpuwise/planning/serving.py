@@ -1,0 +1,149 @@
+"""How fast a GPU serves a decoder: time per generated token at batch B and context S, time to first token, and
+how many sequences fit. Plain numbers in (a zoo model's or an HF config's dimensions), so ``recommend`` can call it.
+
+Each decode step reads every active weight once and each sequence's KV cache (recommend-watch-anchors A4):
+``t = (W_active + B x KV(S)) / (eta x bandwidth) + c``, unless ``2 x N_active x B`` FLOPs at the matmul rate take
+longer. KV(S) = 2 x layers x kv_heads x head_dim x S x bytes (PagedAttention §3.1, as quoted in vllm#22291).
+
+>>> kv_bytes_per_token(layers=32, kv_heads=32, head_dim=128)    # Llama-2-7B, fp16 cache
+524288
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.calibration import Calibration
+from gpuwise.hardware.catalog import Accelerator
+from gpuwise.planning.costmodel import COPY_CEILING, GEMM_CEILING, Efficiency, efficiency, memory_class
+
+# Bytes per weight of weight-only quantisation. int4 / nf4 carry scales: GPTQ/AWQ group 128 with an fp16 scale
+# (+ 4-bit zero) ~0.52; bitsandbytes NF4 with double quantisation 4.127 bits (Dettmers et al. 2023, QLoRA §2);
+# llama.cpp Q4_K_M ~4.9 bits on Llama-3-8B (4.58 GiB for 8.03 B weights, XiongjieDai/GPU-Benchmarks-on-LLM-Inference).
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.52, "nf4": 4.127 / 8,
+                "q4_k_m": 4.9 / 8}
+
+
+@dataclass(frozen=True)
+class DecodeFit:
+    eta: float  # achieved share of the datasheet bandwidth
+    fixed_s: float  # per-token cost besides reading memory (kernel launches, sampling)
+    source: str
+
+
+# Fitted on the llama.cpp LLaMA 3 8B table of XiongjieDai/GPU-Benchmarks-on-LLM-Inference (tg1024, Q4_K_M 4.58 GiB
+# and F16 14.96 GiB, KV at the mean context 512): least squares of 1/tok_s on (W + KV)/BW, on a subset; the rest
+# held out (errors in benchmarks/RESULTS.md). The anchor file's all-16-point fits: GDDR 0.93 / 2.8 ms,
+# HBM 0.59 / 3.3 ms.
+_XD = "XiongjieDai/GPU-Benchmarks-on-LLM-Inference LLaMA 3"
+DECODE: dict[str, DecodeFit] = {
+    "GDDR": DecodeFit(0.97, 3.0e-3, f"fitted on 3090, 4090, A6000 ({_XD}); held out 6000 Ada, A40, L40S: <= 9.5%"),
+    "HBM": DecodeFit(0.48, 2.4e-3, f"fitted on A100 SXM ({_XD}); held out H100 PCIe: -9% Q4, -23% F16"),
+    "unified": DecodeFit(0.96, 6.6e-3, f"fitted on M2 Ultra 76c ({_XD}); nothing held out"),
+    "other": DecodeFit(0.50, 3.0e-3, "assumed: no anchor"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeTime:
+    """One replica decoding ``batch`` sequences at ``context`` tokens on one GPU."""
+
+    seconds_per_token: float  # one decode step: every sequence gets one token
+    tokens_per_s_per_user: float
+    tokens_per_s: float  # batch / seconds_per_token
+    ttft_s: float  # prefill of the prompt, plus one step
+    bound: str  # "memory" or "compute"
+    basis: str
+
+
+def bytes_per_weight(quant: str) -> float:
+    if quant not in WEIGHT_BYTES:
+        raise GpuwiseError(f"unknown weight format {quant!r}", f"use one of {', '.join(WEIGHT_BYTES)}")
+    return WEIGHT_BYTES[quant]
+
+
+def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, kv_bytes: float = 2) -> int:
+    """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes."""
+    _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes)
+    return int(2 * layers * kv_heads * head_dim * kv_bytes)
+
+
+def max_concurrency(acc: Accelerator, *, weight_bytes: float, kv_bytes_per_sequence: float,
+                    activation_bytes: float = 0, utilization: float = 0.9) -> int:
+    """Sequences whose KV cache fits: floor((memory x utilization - weights - activations) / KV per sequence),
+    vLLM's sizing (gpu_memory_utilization 0.9 by default, v1/core/kv_cache_utils.py). 0: not even one."""
+    _positive(weight_bytes=weight_bytes, kv_bytes_per_sequence=kv_bytes_per_sequence, utilization=utilization)
+    if utilization > 1:
+        raise GpuwiseError(f"utilization {utilization} is above 1", "pass a share of memory, e.g. 0.9")
+    free = acc.memory_bytes * utilization - weight_bytes - activation_bytes
+    return max(0, math.floor(free / kv_bytes_per_sequence))
+
+
+def _positive(**values: float) -> None:
+    for name, v in values.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or not math.isfinite(v):
+            raise GpuwiseError(f"{name} {v!r} is not a positive number", f"pass {name} > 0")
+
+
+def _rate(acc: Accelerator, calibration: Calibration | None) -> tuple[str, float | None, bool]:
+    """Weight-only quantised layers compute in 16 bits: the bf16 rate, else fp16, else fp32."""
+    for key in ("bf16", "fp16", "fp32"):
+        measured = calibration.tflops.get(key) if calibration is not None else None
+        if measured or acc.peak_tflops.get(key):
+            return key, measured or acc.peak_tflops.get(key), bool(measured)
+    return "bf16", None, False
+
+
+def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, head_dim: int,
+                active_params: float | None = None, heads: int | None = None, weight_bytes: float | None = None,
+                quant: str = "bf16", kv_bytes: float = 2, batch: int = 1, context: int = 1024,
+                prompt_tokens: int = 0, calibration: Calibration | None = None) -> DecodeTime | None:
+    """Decode speed of one replica on ``acc``. ``weight_bytes`` (a checkpoint's size) wins over ``params`` x the
+    quantisation's bytes; ``active_params`` for a mixture of experts; ``heads`` the query heads (default kv_heads).
+    None: the GPU has no bandwidth figure.
+
+    >>> decode_time(load_catalog().get("rtx-4090"), params=8.03e9, layers=32, kv_heads=8, head_dim=128,
+    ...             weight_bytes=4.58 * 2**30).tokens_per_s    # doctest: +SKIP
+    128.6
+    """
+    _positive(params=params, batch=batch, context=context)
+    active = params if active_params is None else active_params
+    _positive(active_params=active)
+    if active > params:
+        raise GpuwiseError(f"active_params {active:g} is more than params {params:g}", "pass active <= total")
+    if prompt_tokens < 0:
+        raise GpuwiseError(f"prompt_tokens {prompt_tokens} is negative", "pass 0 or more")
+    weights = params * bytes_per_weight(quant) if weight_bytes is None else weight_bytes
+    _positive(weight_bytes=weights)
+    kv = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes)
+    measured_bw = calibration.gbps if calibration is not None else None
+    gbps = measured_bw or acc.memory_bandwidth_gbps
+    if not gbps:
+        return None
+    cls = memory_class(acc)
+    fit = DECODE[cls]
+    eta_bw = min(1.0, fit.eta / COPY_CEILING) if measured_bw else fit.eta
+    key, tflops, measured = _rate(acc, calibration)
+    mm: Efficiency = efficiency("matmul", acc)
+    eta_c = min(1.0, mm.value / GEMM_CEILING) if measured else mm.value
+    active_weights = weights * active / params
+    mem_s = (active_weights + batch * kv * context) / (eta_bw * gbps * 1e9)
+    attn_dim = (heads or kv_heads) * head_dim
+    compute_s = 0.0
+    prefill_s = 0.0
+    if tflops:
+        rate = eta_c * tflops * 1e12
+        compute_s = (2 * active * batch + 4 * layers * attn_dim * context * batch) / rate
+        # prefill: 2 N per token plus causal attention, 2 x layers x d x P^2; never faster than reading the weights
+        prefill_s = (2 * active * prompt_tokens + 2 * layers * attn_dim * prompt_tokens ** 2) / rate
+    step = max(mem_s, compute_s) + fit.fixed_s
+    ttft = max(prefill_s, active_weights / (eta_bw * gbps * 1e9)) + fit.fixed_s + step if prompt_tokens else step
+    basis = (f"{cls} {gbps:g} GB/s {'measured' if measured_bw else 'datasheet'} x{eta_bw:.2f} "
+             f"+ {fit.fixed_s * 1e3:.1f} ms/token ({fit.source}); weights {active_weights / 2**30:.2f} GiB read "
+             f"per step, KV {kv:,} B/token")
+    if tflops:
+        basis += f" · {key} {tflops:g} TFLOPS x{eta_c:.2f} ({mm.source})"
+    return DecodeTime(seconds_per_token=step, tokens_per_s_per_user=1 / step, tokens_per_s=batch / step, ttft_s=ttft,
+                      bound="compute" if compute_s > mem_s else "memory", basis=basis)
