@@ -13,6 +13,7 @@ from gpuwise.units import GiB
 if TYPE_CHECKING:
     from gpuwise.bench.run import BenchReport
     from gpuwise.planning.plan import MemoryPlan
+    from gpuwise.planning.recommend import Recommendation
 
 _COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "temporaries": "#8172b3", "inputs": "#937860", "kv_cache": "#da8bc3"}
@@ -111,3 +112,40 @@ def plot_roofline(results, path: str | os.PathLike, *, title: str, ceilings: dic
         fig.savefig(tmp, format="png")
     plt.close(fig)
 
+
+
+def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
+    """Time to the goal against its cost, one point per GPU and count, the Pareto front joined and labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rent = rec.constraints.mode == "rent"
+    points = [(o.time_to_goal_s / 3600, o.rent_usd if rent else o.buy_usd, o) for o in rec.rows
+              if o.time_to_goal_s is not None and (o.rent_usd if rent else o.buy_usd) is not None]
+    if not points:
+        from gpuwise.errors import GpuwiseError
+
+        raise GpuwiseError("nothing to draw: no row has both a time to the goal and a price",
+                           "give a goal (--tokens) and prices (--prices) for the GPUs you consider")
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
+    gpus = sorted({o.gpu for _, _, o in points})
+    cmap = plt.get_cmap("tab20")
+    color = {g: cmap(i % 20) for i, g in enumerate(gpus)}
+    ax.scatter([p[0] for p in points], [p[1] for p in points], s=[12 + 6 * o.count ** 0.5 for _, _, o in points],
+               c=[color[o.gpu] for _, _, o in points], alpha=0.6, linewidths=0)
+    front = sorted((p for p in points if p[2].pareto), key=lambda p: p[0])
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linewidth=1, marker="o", markersize=4)
+    for t, cost, o in front:
+        ax.annotate(f"{o.count}x {o.gpu}", (t, cost), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"hours to {rec.goal.amount:.3g} {rec.unit}")
+    ax.set_ylabel("rent for the job (USD)" if rent else "purchase price of the GPUs (USD)")
+    ax.set_title(f"{rec.model}: {rec.setup.task}, global batch {rec.setup.batch} (line: Pareto front)", fontsize=10)
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

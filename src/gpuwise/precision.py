@@ -100,6 +100,13 @@ def default_precision(*, gpu: bool, bf16: bool) -> Precision:
     return "bf16-mixed" if bf16 else "fp16-mixed"
 
 
+def same_bytes(name: Precision) -> Precision:
+    """The precision whose simulated step stores and moves the bytes ``name``'s does: fp16 autocast is bf16
+    autocast's twin (2-byte activations over fp32 weights; the scaler's few scalars aside), so one capture serves
+    both and the cost model takes the rate from the run's own precision."""
+    return "bf16-mixed" if name == "fp16-mixed" else name
+
+
 def half_precision(*, bf16: bool) -> Precision:
     """The mixed precision that halves a fp32 step's activations on a GPU."""
     return default_precision(gpu=True, bf16=bf16)

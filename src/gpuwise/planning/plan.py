@@ -55,7 +55,7 @@ class MemoryPlan:
     timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
 
 
-class _Planner:
+class Planner:
     """Simulates the setups of one model, each capture once, and shards each run's setup once."""
 
     def __init__(self, source) -> None:
@@ -82,7 +82,7 @@ class _Planner:
 class _RemedyGpu:
     """The GPU the remedies are for (``remedies.Gpu``): a setup the model cannot run there does not apply."""
 
-    planner: _Planner
+    planner: Planner
     acc: Accelerator
 
     @property
@@ -105,7 +105,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     """
     catalog = catalog or load_catalog()
     primary_acc = catalog.get(gpu or primary or DEFAULT_GPU)
-    planner = _Planner(source)
+    planner = Planner(source)
     try:
         step = planner.per_gpu(setup, batch_model=True)
     except NotApplicable as exc:  # the user asked for it: LoRA on a model without linear layers in its blocks

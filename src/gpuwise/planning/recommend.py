@@ -1,0 +1,448 @@
+"""Which accelerator, how many, how fast and for how much: every catalog row and GPU count ranked for one workload.
+
+One capture of the step serves every GPU and count (the step is captured on fake tensors, independent of the
+device; sharding and the cost model apply after). For each accelerator and count the engine finds the settings
+that make the step fit (mixed precision the GPU has, activation checkpointing, smaller micro-batches with
+accumulation, FSDP over the same GPUs), keeps the fastest, and prices it: time to the goal, rent, purchase,
+energy, tokens per joule. Rows that cannot run are kept with the reason.
+
+>>> r = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=64, seq=1024), Goal(tokens=1e9))
+>>> r.rows[0].gpu, r.rows[0].time_to_goal_s                                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from gpuwise.errors import GpuwiseError, NotApplicable
+from gpuwise.hardware.calibration import Calibration
+from gpuwise.hardware.catalog import SEGMENTS, Accelerator, Catalog, load_catalog
+from gpuwise.planning.costmodel import step_time
+from gpuwise.planning.fit import fit_on, max_micro_batch
+from gpuwise.planning.plan import Planner
+from gpuwise.planning.setup import MAX_ACCUM, Setup
+from gpuwise.planning.sharding import PerGpu
+from gpuwise.planning.tracker import PHASES
+from gpuwise.precision import PRECISIONS, default_precision, same_bytes
+
+COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+Mode = Literal["rent", "buy"]
+SortKey = Literal["time", "cost", "energy"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goal:
+    """How much work: tokens (language models) or samples, to train or fine-tune on."""
+
+    tokens: float | None = None
+    samples: float | None = None
+
+    def __post_init__(self) -> None:
+        given = [(n, v) for n, v in (("tokens", self.tokens), ("samples", self.samples)) if v is not None]
+        if len(given) > 1:
+            raise GpuwiseError("--tokens and --samples both set the goal", "give one of them")
+        for name, value in given:
+            if not (math.isfinite(value) and value > 0):
+                raise GpuwiseError(f"--{name} {value:g} is not a positive number", f"pass e.g. --{name} 1e9")
+
+    @property
+    def unit(self) -> str:
+        return "samples" if self.samples is not None else "tokens"
+
+    @property
+    def amount(self) -> float | None:
+        return self.samples if self.samples is not None else self.tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    usd: float
+    source: str
+    date: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraints:
+    """What the user rules out. Empty tuples mean "any"."""
+
+    mode: Mode = "rent"
+    budget_usd: float | None = None  # for the job when renting, for the GPUs when buying
+    deadline_s: float | None = None
+    max_gpus: int | None = None
+    gpus: tuple[str, ...] = ()  # catalog keys
+    segments: tuple[str, ...] = ()
+    vendors: tuple[str, ...] = ()
+    ecosystem: str | None = None  # "cuda": leave out stacks that need a port
+    rent: Mapping[str, Price] = field(default_factory=dict)  # catalog key -> USD per GPU-hour (the user's quotes)
+    buy: Mapping[str, Price] = field(default_factory=dict)  # catalog key -> USD per GPU
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("rent", "buy"):
+            raise GpuwiseError(f"unknown cost mode {self.mode!r}", "pass --rent or --buy")
+        for name, value in (("--budget", self.budget_usd), ("--deadline", self.deadline_s)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise GpuwiseError(f"{name} {value:g} is not a positive number", f"pass e.g. {name} 1000")
+        if self.max_gpus is not None and not 1 <= self.max_gpus <= COUNTS[-1]:
+            raise GpuwiseError(f"--max-gpus {self.max_gpus} is outside 1..{COUNTS[-1]}", "pass e.g. --max-gpus 8")
+        if bad := [s for s in self.segments if s not in SEGMENTS]:
+            raise GpuwiseError(f"unknown --segment {bad[0]!r}", f"use one of {', '.join(SEGMENTS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One accelerator at one count: the settings that fit, how fast, and what it costs. ``excluded`` says why a
+    row is not among the recommendations (then the figures may be missing)."""
+
+    gpu: str  # catalog key
+    name: str
+    count: int
+    fits: bool
+    setup: Setup | None  # the run: micro-batch, accumulation, precision, checkpointing, sharding
+    flags: str  # the flags to paste into gpuwise plan / gpuwise train for this setup
+    step_time_s: float | None
+    throughput: float | None  # tokens/s (or samples/s) over all the GPUs
+    mfu: float | None
+    time_to_goal_s: float | None
+    rent_usd_per_hour: Price | None  # per GPU
+    rent_usd: float | None  # the whole job
+    buy_usd: float | None  # every GPU
+    buy_price: Price | None
+    energy_kwh: float | None  # at board power (TDP): an upper bound
+    per_joule: float | None  # tokens (or samples) per joule at board power
+    basis: str
+    excluded: str | None = None
+    pareto: bool = False
+
+    @property
+    def per_gpu(self) -> float | None:
+        return None if self.throughput is None else self.throughput / self.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    model: str
+    setup: Setup  # as the user gave it (the global batch is kept on every row)
+    goal: Goal
+    constraints: Constraints
+    unit: str  # "tokens" or "samples"
+    sort: SortKey
+    rows: tuple[Option, ...]  # ranked, fastest (or cheapest) first
+    excluded: tuple[Option, ...]
+
+    @property
+    def best(self) -> Option | None:
+        return self.rows[0] if self.rows else None
+
+
+# -- the search over settings ---------------------------------------------------------------------------------
+
+def _divisor_at_most(n: int, limit: int) -> int:
+    return next((m for m in range(min(limit, n), 0, -1) if n % m == 0), 0)
+
+
+def _precision(acc: Accelerator, asked: str | None) -> tuple[str | None, str | None]:
+    """The precision to run on ``acc`` and, if it cannot train there, why."""
+    if asked is not None:
+        spec = PRECISIONS[asked]
+        if not acc.peak_tflops.get(spec.rate_key):
+            return None, f"no {spec.rate_key} rate on this chip for --precision {asked}"
+        return asked, None
+    bf16 = bool(acc.peak_tflops.get("bf16"))
+    chosen = default_precision(gpu=True, bf16=bf16)
+    if not acc.peak_tflops.get(PRECISIONS[chosen].rate_key):
+        if acc.peak_tflops.get("fp32"):
+            return "fp32", None
+        return None, "an inference chip: no fp16, bf16 or fp32 rate to train with"
+    return chosen, None
+
+
+def _variants(setup: Setup, n: int, sharding: str | None, checkpointing_given: bool) -> list[tuple[str, str]]:
+    """(sharding, checkpointing) pairs to try on ``n`` GPUs: the user's where given."""
+    if n == 1:
+        shardings = [] if sharding not in (None, "ddp") else ["ddp"]
+    else:
+        shardings = [sharding] if sharding else ["ddp", "fsdp"]
+    ckpts = [setup.checkpointing] if checkpointing_given else ["none", "full"]
+    return [(s, c) for s in shardings for c in ckpts]
+
+
+@dataclass
+class _Search:
+    planner: Planner
+    setup: Setup
+    sharding: str | None
+    checkpointing_given: bool
+    calibrations: Mapping[str, Calibration]
+
+    def best(self, acc: Accelerator, n: int, precision: str):
+        """The first setup of ``n`` x ``acc`` that fits, in the remedies' order (DDP, then with checkpointing,
+        then FSDP, then FSDP with checkpointing), at the largest micro-batch that fits and divides the per-GPU
+        batch; with its PerGpu and StepTime. Or (None, why not)."""
+        per_gpu = self.setup.batch // n
+        reason = "does not fit even with checkpointing, micro-batch 1 and FSDP"
+        for sharding, ckpt in _variants(self.setup, n, self.sharding, self.checkpointing_given):
+            probe = replace(self.setup, micro_batch=1, grad_accum=min(per_gpu, 2), gpus=n, sharding=sharding,
+                            checkpointing=ckpt, precision=same_bytes(precision))
+            try:
+                step = self.planner.per_gpu(probe, batch_model=True)
+                micro = _divisor_at_most(per_gpu, max_micro_batch(step, acc))
+                if micro == 0 or per_gpu // micro > MAX_ACCUM:
+                    continue
+                exact = self._captured(probe, micro, per_gpu // micro)
+                while not fit_on(exact, acc).fits and micro > 1:  # the affine batch model was a sample off
+                    micro = _divisor_at_most(per_gpu, micro - 1)
+                    exact = self._captured(probe, micro, per_gpu // micro)
+            except NotApplicable as exc:
+                reason = exc.args[0]
+                continue
+            if not fit_on(exact, acc).fits:
+                continue
+            exact = replace(exact, setup=replace(exact.setup, precision=precision))  # the rate of the run's own
+            t = step_time(exact, acc, calibration=self.calibrations.get(acc.key))
+            if t is None:  # another sharding or checkpointing gives no rate or link either
+                return None, (f"no {precision} rate or memory bandwidth in the catalog" if n == 1 else
+                              f"no known link between {n} of these")
+            return (exact.setup, exact, t), None
+        return None, reason
+
+    def _captured(self, probe: Setup, micro: int, accum: int) -> PerGpu:
+        """The step at ``micro`` x ``accum``: captured with at most two micro-batches (what accumulation holds in
+        memory does not grow after the second), the forward and backward costs then weighed for ``accum``."""
+        held = min(accum, 2)
+        step = self.planner.per_gpu(replace(probe, micro_batch=micro, grad_accum=held))
+        if held == accum:
+            return step
+        w, c = step.workload, step.workload.costs
+        weight = np.where(c.phase == PHASES.index("optimizer"), 1.0, accum / held)
+        costs = replace(c, count=c.count * weight)
+        w = replace(w, costs=costs, flops_per_step=int(costs.total_flops), bytes_per_step=int(costs.total_bytes),
+                    tokens_per_step=w.tokens_per_step * accum // held)
+        return replace(step, workload=w, setup=replace(step.setup, grad_accum=accum))
+
+
+# -- prices and filters --------------------------------------------------------------------------------------
+
+def _rent(acc: Accelerator, c: Constraints) -> Price | None:
+    if acc.key in c.rent:
+        return c.rent[acc.key]
+    if acc.cloud_usd_per_hour:
+        return Price(usd=acc.cloud_usd_per_hour, source=acc.cloud_price_source or "catalog",
+                     date=getattr(acc, "cloud_price_date", None))
+    return None
+
+
+def _buy(acc: Accelerator, c: Constraints) -> Price | None:
+    if acc.key in c.buy:
+        return c.buy[acc.key]
+    street = getattr(acc, "street_price_usd", None)
+    if street:
+        return Price(usd=street, source=getattr(acc, "street_price_source", None) or "catalog",
+                     date=getattr(acc, "street_price_date", None))
+    if acc.launch_price_usd:
+        return Price(usd=acc.launch_price_usd, source="launch price",
+                     date=str(acc.launch_year) if acc.launch_year else None)
+    return None
+
+
+def _chosen(acc: Accelerator, c: Constraints) -> bool:
+    """The user's own filters: rows they ruled out are not listed at all."""
+    if c.gpus and acc.key not in c.gpus:
+        return False
+    if c.segments and acc.segment not in c.segments:
+        return False
+    if c.vendors and acc.vendor.lower() not in {v.lower() for v in c.vendors}:
+        return False
+    return not (c.ecosystem and getattr(acc, "ecosystem", None) not in (None, c.ecosystem))
+
+
+def _node(acc: Accelerator) -> int:
+    return getattr(acc, "node_gpus", None) or 1
+
+
+def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool) -> list[int]:
+    """The GPU counts to try: powers of two the global batch splits over, within --max-gpus; past one node only
+    with ``beyond_node`` (the model needs it, or --max-gpus asks for it) and only for datacenter parts."""
+    top = c.max_gpus or COUNTS[-1]
+    if not beyond_node or acc.segment != "datacenter":
+        top = min(top, _node(acc))
+    return [n for n in COUNTS if n <= top and setup.batch % n == 0]
+
+
+def _pareto(rows: list[Option], cost) -> set[int]:
+    """Indices of the rows no other row beats on both time and cost."""
+    front, best_cost = set(), math.inf
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].time_to_goal_s, cost(rows[i])))
+    for i in order:
+        if cost(rows[i]) < best_cost:
+            front.add(i)
+            best_cost = cost(rows[i])
+    return front
+
+
+def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None = None, *,
+              precision: str | None = None, sharding: str | None = None, checkpointing_given: bool = False,
+              sort: SortKey = "time", catalog: Catalog | None = None,
+              calibrations: Mapping[str, Calibration] | None = None) -> Recommendation:
+    """Rank every catalog accelerator and count for training ``source`` as ``setup`` says (its global batch and
+    sequence kept) until ``goal``. ``precision`` None: each GPU's default (bf16 autocast where it has bf16);
+    ``sharding`` None: DDP or FSDP, whichever is faster and fits."""
+    c = constraints or Constraints()
+    catalog = catalog or load_catalog()
+    if not setup.training:
+        raise GpuwiseError("recommend ranks training and fine-tuning runs here; serving is not built yet",
+                           "pass --task train or --task finetune-lora")
+    if setup.qlora:
+        raise GpuwiseError("recommend does not cost QLoRA's 4-bit base yet", "drop --qlora (plan sizes it)")
+    if sharding is not None and sharding not in ("ddp", "zero1", "zero2", "fsdp"):
+        raise GpuwiseError(f"--sharding {sharding!r} is not one of ddp, zero1, zero2, fsdp", "pass --sharding fsdp")
+    search = _Search(planner=Planner(source), setup=setup, sharding=sharding,
+                     checkpointing_given=checkpointing_given, calibrations=calibrations or {})
+    per_sample = source.tokens(setup)  # tokens per sequence; 1 for images and your own models' samples
+    if goal.tokens is not None and per_sample == 1:
+        raise GpuwiseError(f"--tokens for {source.name}, whose samples are not token sequences",
+                           "give the goal as --samples (or --epochs with --dataset-size)")
+    unit = "tokens" if per_sample > 1 and goal.samples is None else "samples"
+    rows: list[Option] = []
+    excluded: list[Option] = []
+    for acc in catalog:
+        if not _chosen(acc, c):
+            continue
+        chosen, why = _precision(acc, precision)
+        counts = _counts(acc, setup, c, beyond_node=bool(c.max_gpus and c.max_gpus > _node(acc)))
+        if why is None and not counts:
+            why = f"--batch {setup.batch} does not split over {acc.name}'s counts within --max-gpus"
+        if why is not None:
+            excluded.append(_excluded(acc, counts[0] if counts else 1, why))
+            continue
+        found = _try_counts(search, acc, counts, chosen, setup, goal, c, per_sample if unit == "tokens" else 1)
+        if not found[0] and acc.segment == "datacenter":  # the model needs more than a node: go past it
+            more = [n for n in _counts(acc, setup, c, beyond_node=True) if n not in counts]
+            found = _try_counts(search, acc, more, chosen, setup, goal, c,
+                                   per_sample if unit == "tokens" else 1) if more else found
+        rows.extend(found[0])
+        if not found[0]:
+            excluded.append(_excluded(acc, counts[-1], found[1]))
+    kept, out = [], []
+    for r in rows:
+        why = _over(r, c)
+        (out if why else kept).append(replace(r, excluded=why) if why else r)
+    cost = (lambda r: r.rent_usd if r.rent_usd is not None else math.inf) if c.mode == "rent" else (
+        lambda r: r.buy_usd if r.buy_usd is not None else math.inf)
+    if goal.amount is not None:
+        front = _pareto(kept, cost)
+        kept = [replace(r, pareto=i in front) for i, r in enumerate(kept)]
+    key = {"time": lambda r: (r.time_to_goal_s or r.step_time_s, cost(r)),
+           "cost": lambda r: (cost(r), r.time_to_goal_s or r.step_time_s),
+           "energy": lambda r: (-(r.per_joule or 0.0), r.time_to_goal_s or r.step_time_s)}[sort]
+    kept.sort(key=key)
+    return Recommendation(model=source.name, setup=setup, goal=goal, constraints=c,
+                          unit=unit, sort=sort,
+                          rows=tuple(kept), excluded=tuple(excluded + out))
+
+
+def _try_counts(search: _Search, acc: Accelerator, counts: list[int], precision: str, setup: Setup, goal: Goal,
+                c: Constraints, per_sample: int) -> tuple[list[Option], str]:
+    """The rows of ``acc`` at each count that fits; else the reason the last one did not."""
+    rows, reason = [], "does not fit"
+    for n in counts:
+        result, why = search.best(acc, n, precision)
+        if result is None:
+            reason = why or reason
+            continue
+        run, _, t = result
+        rows.append(_priced(acc, n, run, setup, t, goal, c, per_sample))
+    return rows, reason
+
+
+def _excluded(acc: Accelerator, n: int, why: str) -> Option:
+    return Option(gpu=acc.key, name=acc.name, count=n, fits=False, setup=None, flags="", step_time_s=None,
+                  throughput=None, mfu=None, time_to_goal_s=None, rent_usd_per_hour=None, rent_usd=None,
+                  buy_usd=None, buy_price=None, energy_kwh=None, per_joule=None, basis="", excluded=why)
+
+
+def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t, goal: Goal, c: Constraints,
+            per_sample: int) -> Option:
+    from gpuwise.planning.remedies import setup_flags
+
+    per_step = run.batch * per_sample  # tokens (or samples) per optimizer step over every GPU
+    throughput = per_step / t.seconds
+    hours = None if goal.amount is None else goal.amount / throughput / 3600
+    rent, buy = _rent(acc, c), _buy(acc, c)
+    watts = acc.tdp_w * n if acc.tdp_w else None
+    flags = setup_flags(run, base)
+    return Option(
+        gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=flags, step_time_s=t.seconds,
+        throughput=throughput, mfu=t.mfu, time_to_goal_s=None if hours is None else hours * 3600,
+        rent_usd_per_hour=rent, rent_usd=None if rent is None or hours is None else rent.usd * n * hours,
+        buy_usd=None if buy is None else buy.usd * n, buy_price=buy,
+        energy_kwh=None if watts is None or hours is None else watts * hours / 1000,
+        per_joule=None if watts is None else throughput / watts, basis=t.basis)
+
+
+def _over(r: Option, c: Constraints) -> str | None:
+    """Why a fitting row breaks the user's budget or deadline, or has no price to judge it by."""
+    if c.deadline_s is not None and r.time_to_goal_s is not None and r.time_to_goal_s > c.deadline_s:
+        return f"misses the deadline: {r.time_to_goal_s / 3600:.3g} h"
+    if c.budget_usd is not None:
+        cost = r.rent_usd if c.mode == "rent" else r.buy_usd
+        if cost is None:
+            return f"no {'rent' if c.mode == 'rent' else 'purchase'} price known (add it with --prices)"
+        if cost > c.budget_usd:
+            return f"over budget: ${cost:,.0f}"
+    return None
+
+
+# -- the user's prices ---------------------------------------------------------------------------------------
+
+_DATE = re.compile(r"^\d{4}(-\d{2}){0,2}$")
+
+
+def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[str, Price], dict[str, Price]]:
+    """A CSV of the user's quotes: a header ``gpu,rent_usd_per_hour,buy_usd[,date]`` (either price may be empty),
+    one row per GPU (any name the catalog knows). Returns (rent, buy) keyed by catalog key."""
+    catalog = catalog or load_catalog()
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise GpuwiseError(f"--prices {path}: {exc.strerror or exc}", "pass a readable CSV file") from exc
+    rows = list(csv.reader(text.splitlines()))
+    header = [h.strip().lower() for h in rows[0]] if rows else []
+    if not header or header[0] != "gpu" or not {"rent_usd_per_hour", "buy_usd"} & set(header):
+        raise GpuwiseError(f"--prices {path}: the first line must be gpu,rent_usd_per_hour,buy_usd[,date]",
+                           "write the header, then one GPU per line, e.g. rtx-4090,0.69,1599,2026-11")
+    rent: dict[str, Price] = {}
+    buy: dict[str, Price] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        cells = dict(zip(header, (cell.strip() for cell in row), strict=False))
+        acc = catalog.find(cells.get("gpu", ""))
+        if acc is None:
+            raise GpuwiseError(f"--prices {path} line {line}: unknown GPU {cells.get('gpu', '')!r}",
+                               "use a name from 'gpuwise gpus'")
+        date = cells.get("date") or None
+        if date is not None and not _DATE.match(date):
+            raise GpuwiseError(f"--prices {path} line {line}: date {date!r} is not YYYY-MM-DD",
+                               "write the date the quote was given, e.g. 2026-11-30")
+        for column, into in (("rent_usd_per_hour", rent), ("buy_usd", buy)):
+            value = cells.get(column, "")
+            if not value:
+                continue
+            try:
+                usd = float(value)
+            except ValueError:
+                usd = math.nan
+            if not (math.isfinite(usd) and usd > 0):
+                raise GpuwiseError(f"--prices {path} line {line}: {column} {value!r} is not a positive number",
+                                   "write plain dollars, e.g. 1.99")
+            into[acc.key] = Price(usd=usd, source=f"your quote ({p.name})", date=date)
+    return rent, buy

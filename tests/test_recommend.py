@@ -1,0 +1,179 @@
+"""gpuwise recommend: the user's prices, goals and limits, and the ranking of real captures on catalog rows."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+
+from conftest import run_cli
+from gpuwise.cli.recommend import parse_duration
+from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.catalog import load_catalog
+from gpuwise.planning.recommend import Constraints, Goal, Price, read_prices
+
+
+def test_prices_file_is_read_by_any_catalog_name_with_its_date(tmp_path):
+    f = tmp_path / "quotes.csv"
+    f.write_text("gpu,rent_usd_per_hour,buy_usd,date\nRTX 4090,0.55,1800,2026-11-20\nh100,2.10,,2026-11\n\n")
+    rent, buy = read_prices(f)
+    assert rent["rtx-4090"] == Price(usd=0.55, source="your quote (quotes.csv)", date="2026-11-20")
+    assert buy["rtx-4090"].usd == 1800 and "h100-sxm" not in buy
+    assert rent["h100-sxm"].usd == 2.10
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name,price\nrtx-4090,1\n", "the first line must be gpu,rent_usd_per_hour,buy_usd"),
+    ("gpu,rent_usd_per_hour\nrtx-9999,1\n", "line 2: unknown GPU 'rtx-9999'"),
+    ("gpu,rent_usd_per_hour\nrtx-4090,-1\n", "line 2: rent_usd_per_hour '-1' is not a positive number"),
+    ("gpu,rent_usd_per_hour\nrtx-4090,cheap\n", "line 2: rent_usd_per_hour 'cheap' is not a positive number"),
+    ("gpu,buy_usd,date\nrtx-4090,1500,last week\n", "line 2: date 'last week' is not YYYY-MM-DD"),
+    ("", "the first line must be"),
+])
+def test_a_malformed_prices_file_is_one_line_naming_the_line(tmp_path, text, message):
+    f = tmp_path / "p.csv"
+    f.write_text(text)
+    with pytest.raises(GpuwiseError, match=message.replace("(", r"\(")):
+        read_prices(f)
+
+
+def test_goal_and_limits_refuse_nonsense():
+    with pytest.raises(GpuwiseError, match="--tokens -5 is not a positive number"):
+        Goal(tokens=-5)
+    with pytest.raises(GpuwiseError, match="--tokens and --samples both"):
+        Goal(tokens=1, samples=1)
+    with pytest.raises(GpuwiseError, match="--samples nan"):
+        Goal(samples=math.nan)
+    with pytest.raises(GpuwiseError, match="--budget -1"):
+        Constraints(budget_usd=-1)
+    with pytest.raises(GpuwiseError, match="--max-gpus 0 is outside"):
+        Constraints(max_gpus=0)
+    with pytest.raises(GpuwiseError, match="unknown --segment 'gaming'"):
+        Constraints(segments=("gaming",))
+
+
+def test_durations_read_as_people_write_them():
+    assert parse_duration("36h") == 36 * 3600
+    assert parse_duration("3d") == 3 * 86400
+    assert parse_duration("90min") == 5400
+    assert parse_duration("120") == 120
+    with pytest.raises(GpuwiseError, match="--deadline 'soon' is not a duration"):
+        parse_duration("soon")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpu", "rtx-9999"], "unknown GPU 'rtx-9999'"),
+    (["--tokens", "-1"], "--tokens -1 is not a positive number"),
+    (["--deadline", "tomorrow"], "--deadline 'tomorrow' is not a duration"),
+    (["--epochs", "3"], "--epochs and --dataset-size go together"),
+    (["--sort", "fastest"], "--sort 'fastest' is not one of"),
+    (["--plot", "out.jpg"], "the picture is a PNG"),
+    (["--task", "infer"], "serving is not built yet"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "64", "--batch", "8",
+                             "--gpu", "rtx-4090", *args)
+    assert code == 2, out + err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_malformed_prices_file_exits_2_from_the_cli(capsys, tmp_path):
+    f = tmp_path / "p.csv"
+    f.write_text("gpu,rent_usd_per_hour\n4090,free\n")
+    code, _, err = run_cli(capsys, "recommend", "--model", "gpt2", "--prices", str(f))
+    assert code == 2 and "line 2: rent_usd_per_hour 'free' is not a positive number" in err
+
+
+def test_every_catalog_row_with_a_rent_has_a_dated_source():
+    """The rent the ranking multiplies by is shown with where and when it was quoted."""
+    for acc in load_catalog():
+        if acc.cloud_usd_per_hour:
+            assert acc.cloud_price_source and acc.cloud_price_date, acc.key
+
+
+# -- the ranking, on real captures (a small GPT, a few GPUs, so each test takes seconds) -----------------------
+
+FEW = "rtx-3060-12gb,rtx-4060-ti-16gb,rtx-4090,a100-80gb-sxm,h100-sxm,t4"
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    from gpuwise.planning.recommend import recommend
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import resolve_source
+
+    catalog = load_catalog()
+    keys = tuple(catalog.get(k).key for k in FEW.split(","))
+    quotes = {"t4": Price(usd=0.35, source="test quote", date="2026-11")}
+    return recommend(resolve_source("gpt2", None), Setup.for_batch(batch=32, micro_batch=32, seq=256),
+                     Goal(tokens=1e9), Constraints(gpus=keys, rent=quotes), catalog=catalog)
+
+
+def test_each_row_fits_its_gpu_and_keeps_the_global_batch(ranked):
+    assert ranked.rows and ranked.unit == "tokens"
+    for o in ranked.rows:
+        assert o.fits and o.setup.batch == 32 and o.setup.gpus == o.count
+        assert o.time_to_goal_s == pytest.approx(1e9 / o.throughput)
+        assert o.throughput == pytest.approx(32 * 256 / o.step_time_s)  # tokens per step over the step time
+
+
+def test_costs_follow_from_price_power_and_time(ranked):
+    for o in ranked.rows:
+        hours = o.time_to_goal_s / 3600
+        acc = load_catalog().get(o.gpu)
+        assert o.energy_kwh == pytest.approx(acc.tdp_w * o.count * hours / 1000)
+        if o.rent_usd is not None:
+            assert o.rent_usd == pytest.approx(o.rent_usd_per_hour.usd * o.count * hours)
+    t4 = [o for o in ranked.rows if o.gpu == "t4"]
+    assert t4 and all(o.rent_usd_per_hour.usd == 0.35 and o.rent_usd_per_hour.source == "test quote" for o in t4)
+    assert all(o.setup.precision == "fp16-mixed" for o in t4)  # no bf16 on Turing: autocast to fp16 with a scaler
+
+
+def test_the_pareto_front_is_what_nothing_beats_on_both_time_and_cost(ranked):
+    priced = [o for o in ranked.rows if o.rent_usd is not None]
+    for o in priced:
+        beaten = any(p.time_to_goal_s <= o.time_to_goal_s and p.rent_usd <= o.rent_usd and
+                     (p.time_to_goal_s < o.time_to_goal_s or p.rent_usd < o.rent_usd) for p in priced)
+        assert o.pareto == (not beaten), o
+
+
+def test_more_datacenter_gpus_go_faster_and_an_h100_beats_a_4090(ranked):
+    h100 = sorted((o for o in ranked.rows if o.gpu == "h100-sxm"), key=lambda o: o.count)
+    assert [o.count for o in h100] == [1, 2, 4, 8]
+    assert all(a.throughput < b.throughput for a, b in itertools.pairwise(h100))
+    one = {o.gpu: o for o in ranked.rows if o.count == 1}
+    assert one["h100-sxm"].throughput > one["rtx-4090"].throughput > one["rtx-3060-12gb"].throughput
+
+
+def test_budget_and_deadline_move_rows_out_with_the_reason():
+    from gpuwise.planning.recommend import recommend
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import resolve_source
+
+    r = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=32, micro_batch=32, seq=256), Goal(tokens=1e9),
+                  Constraints(gpus=("rtx-4090", "h100-sxm"), budget_usd=3.5, deadline_s=3 * 3600))
+    assert r.rows and all(o.rent_usd <= 3.5 and o.time_to_goal_s <= 3 * 3600 for o in r.rows)
+    reasons = {o.excluded.split(":")[0] for o in r.excluded}
+    assert reasons <= {"over budget", "misses the deadline"} and reasons
+
+
+def test_json_has_the_fields_the_issue_names(capsys):
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "128", "--batch", "8", "--tokens", "1e8",
+                             "--gpu", "rtx-4090", "--max-gpus", "2", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) >= {"workload", "goal", "rows"}
+    row = data["rows"][0]
+    assert set(row) >= {"gpu", "count", "fits", "flags", "step_time_s", "tokens_per_s", "mfu", "time_to_goal_s",
+                        "rent_usd", "buy_usd", "energy_kwh", "tokens_per_joule", "pareto", "basis", "excluded"}
+    assert {r["count"] for r in data["rows"]} == {1, 2}
+
+
+def test_an_inference_chip_is_left_out_of_training_with_the_reason(capsys):
+    code, out, _ = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "64", "--batch", "4", "--tokens", "1e6",
+                           "--gpu", "coral-edge-tpu", "--json")
+    assert code == 0
+    (row,) = json.loads(out)["rows"]
+    assert not row["fits"] and "inference chip" in row["excluded"]
