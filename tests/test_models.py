@@ -22,7 +22,7 @@ PUBLISHED = {"gpt2": 124_439_808, "llama2-7b": 6_738_415_616, "llama3-8b": 8_030
 def test_every_builtin_is_listed():
     assert list(MODELS) == ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama3.2-1b", "llama3.2-3b",
                             "llama2-7b", "llama3-8b", "llama2-13b", "llama2-70b", "bert-base", "bert-large",
-                            "vit-b16", "vit-l16", "resnet50", "mlp"]
+                            "vit-b16", "vit-l16", "resnet50", "mobilenet-v2", "mlp"]
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -70,11 +70,14 @@ def test_durations_read_as_people_write_them():
     (["--epochs", "3"], "--epochs and --dataset-size go together"),
     (["--sort", "fastest"], "--sort 'fastest' is not one of"),
     (["--plot", "out.jpg"], "the picture is a PNG"),
-    (["--task", "infer"], "serving is not built yet"),
+    (["--serve", "--weights", "int3"], "--weights 'int3' is not one of"),
+    (["--serve", "--tpot-ms", "-5"], "--tpot-ms -5 is not a positive number"),
+    (["--serve", "--checkpointing", "full"], "--checkpointing has no meaning when serving"),
+    (["--serve", "--concurrency", "0"], "--concurrency 0 is outside 1.."),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
-    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "64", "--batch", "8",
-                             "--gpu", "rtx-4090", *args)
+    workload = ["--seq", "64", "--batch", "8"] if "--serve" not in args else []
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", *workload, "--gpu", "rtx-4090", *args)
     assert code == 2, out + err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -177,3 +180,67 @@ def test_an_inference_chip_is_left_out_of_training_with_the_reason(capsys):
     assert code == 0
     (row,) = json.loads(out)["rows"]
     assert not row["fits"] and "inference chip" in row["excluded"]
+
+
+# -- serving ---------------------------------------------------------------------------------------------------
+
+def _catalog(*keys):
+    from gpuwise.hardware.catalog import Catalog
+
+    full = load_catalog()
+    return Catalog(tuple(full.get(k) for k in keys))
+
+
+def test_a_70b_model_needs_datacenter_memory_and_tensor_parallel_when_serving():
+    from gpuwise.planning.recommend import Traffic, serve
+    from gpuwise.planning.source import resolve_source
+
+    catalog = _catalog("rtx-4090", "a100-80gb-sxm", "h100-sxm", "h200")
+    free = serve(resolve_source("llama2-70b", None), Traffic(concurrency=100), catalog=catalog)
+    assert {o.gpu for o in free.excluded} == {"rtx-4090"}  # 4 x 24 GiB cannot hold 138 GB of bf16 weights
+    a100 = [o for o in free.rows if o.gpu == "a100-80gb-sxm"]
+    assert min(o.count for o in a100) == 2  # 2 x 80 GiB is the smallest replica that holds the weights
+    r = serve(resolve_source("llama2-70b", None), Traffic(concurrency=100, tpot_s=0.05), catalog=catalog)
+    assert r.rows and len(r.rows) < len(free.rows)  # the latency target rules some replicas out
+    for o in r.rows:  # within the latency target, and enough sequences in flight for every user
+        assert o.step_time_s <= 0.05
+        assert o.throughput >= 100 * o.per_user * (1 - 1e-9)
+        assert o.replicas == 1 or o.max_concurrency < 100  # a second replica only when one cannot hold them all
+    # memory-bound decode: at equal GPUs the faster memory gives more tokens per user
+    two = {o.gpu: o for o in free.rows if o.count == 2}
+    assert two["h200"].per_user > two["a100-80gb-sxm"].per_user
+
+
+def test_quantised_weights_fit_where_bf16_does_not_and_decode_faster():
+    from gpuwise.planning.recommend import Traffic, serve
+    from gpuwise.planning.source import resolve_source
+
+    src, cat = resolve_source("llama3-8b", None), _catalog("rtx-3060-12gb", "rtx-4090")
+    bf16 = serve(src, Traffic(), catalog=cat)
+    int4 = serve(src, Traffic(weights="int4"), catalog=cat)
+    assert "rtx-3060-12gb" in {o.gpu for o in bf16.excluded}  # 16 GB of weights on a 12 GB card
+    assert any(o.gpu == "rtx-3060-12gb" and o.count == 1 for o in int4.rows)
+    b, q = ({o.gpu: o for o in x.rows if o.count == 1}["rtx-4090"] for x in (bf16, int4))
+    assert 2 < q.per_user / b.per_user < 4  # ~3.8x fewer bytes a token, plus the fixed per-token cost
+
+
+def test_edge_chips_rank_by_work_per_joule_for_a_small_int8_vision_model(capsys):
+    code, out, err = run_cli(capsys, "recommend", "--model", "mobilenet-v2", "--serve", "--weights", "int8",
+                             "--gpu", "coral-edge-tpu,jetson-agx-orin,rtx-4090", "--sort", "energy", "--json")
+    assert code == 0, err
+    rows = [r for r in json.loads(out)["rows"] if r["fits"]]
+    assert rows[0]["gpu"] == "coral-edge-tpu"  # 4 TOPS at 2 W
+    assert rows == sorted(rows, key=lambda r: -(r["samples_per_joule"] or 0))
+
+
+def test_ascend_is_ranked_unless_the_user_asks_for_cuda_only():
+    from gpuwise.planning.recommend import recommend
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import resolve_source
+
+    src, setup, goal = resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=128), Goal(tokens=1e8)
+    cat = _catalog("ascend-910b", "a100-80gb-sxm")
+    anyone = recommend(src, setup, goal, Constraints(max_gpus=1), catalog=cat)
+    assert "ascend-910b" in {o.gpu for o in anyone.rows} | {o.gpu for o in anyone.excluded}
+    cuda = recommend(src, setup, goal, Constraints(max_gpus=1, ecosystem="cuda"), catalog=cat)
+    assert {o.gpu for o in cuda.rows} | {o.gpu for o in cuda.excluded} == {"a100-80gb-sxm"}

@@ -31,7 +31,20 @@ def recommend(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="A built-in model (gpuwise plan --list-models) or path/to/file.py:function.")] = None,
     hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
-    task: Annotated[str | None, typer.Option(help="train or finetune-lora.")] = None,
+    task: Annotated[str | None, typer.Option(help="train, finetune-lora, or infer (= --serve).")] = None,
+    serve: Annotated[bool, typer.Option("--serve", help="Rank for serving: decode speed, first-token time, "
+                                                        "replicas for the users.")] = False,
+    prompt_tokens: Annotated[int, typer.Option(help="Serving: tokens in each request.")] = 512,
+    output_tokens: Annotated[int, typer.Option(help="Serving: tokens generated for each request.")] = 256,
+    concurrency: Annotated[int, typer.Option(help="Serving: users at once (images per batch for other "
+                                                  "models: see --batch).")] = 1,
+    tokens_per_s: Annotated[float | None, typer.Option(help="Serving: output tokens (or samples) per second to "
+                                                            "sustain over all replicas, instead of --concurrency.")
+                            ] = None,
+    ttft_ms: Annotated[float | None, typer.Option(help="Serving: longest time to the first token.")] = None,
+    tpot_ms: Annotated[float | None, typer.Option(help="Serving: longest time per output token.")] = None,
+    weights: Annotated[str, typer.Option(help="Serving: how the weights are stored: bf16, fp16, fp8, int8, "
+                                              "int4 (GPTQ/AWQ), nf4, q4_k_m.")] = "bf16",
     batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU, kept "
                                                    "on every row [64].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
@@ -57,20 +70,21 @@ def recommend(
                                                        "(leaves out chips that need a port).")] = None,
     prices: Annotated[str | None, typer.Option(help="A CSV of your own quotes: gpu,rent_usd_per_hour,buy_usd"
                                                     "[,date]; they replace the catalog's.")] = None,
-    sort: Annotated[str, typer.Option(help="time, cost or energy.")] = "time",
+    sort: Annotated[str | None, typer.Option(help="time, cost or energy [time; cost when serving].")] = None,
     plot: Annotated[str | None, typer.Option(help="Draw time to goal against cost, with the Pareto front, "
                                                   "to this PNG file.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Rank every catalog GPU and GPU count for your training run: speed, time to goal, cost, energy.
+    """Rank every catalog GPU and GPU count for your training or serving run: speed, time to goal, cost, energy.
+    With no --model: six common jobs, each ranked over the catalog (the fastest, cheapest, most per joule).
 
     Examples: gpuwise recommend --model gpt2 --tokens 1e9; gpuwise recommend --model llama3-8b --seq 8192
     --batch 512 --tokens 1e12 --max-gpus 64; gpuwise recommend --model llama2-7b --task finetune-lora
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
-    from gpuwise import render
-
     check_png(plot)
+    serving = serve or task == "infer"
+    sort = sort or ("cost" if serving else "time")
     if sort not in ("time", "cost", "energy"):
         raise GpuwiseError(f"--sort {sort!r} is not one of time, cost, energy", "pass --sort cost")
     if (epochs is None) != (dataset_size is None):
@@ -83,11 +97,19 @@ def recommend(
     from gpuwise.hardware.calibration import cache_dir, load_calibrations
     from gpuwise.hardware.catalog import load_catalog
     from gpuwise.planning import Setup
-    from gpuwise.planning.recommend import Constraints, Goal, read_prices
+    from gpuwise.planning.recommend import Constraints, Goal, Traffic, read_prices
     from gpuwise.planning.recommend import recommend as rank
+    from gpuwise.planning.recommend import serve as rank_serving
     from gpuwise.planning.source import resolve_source
 
     catalog = load_catalog()
+    if model is None and hf_config is None:  # no workload: the guide, computed
+        from gpuwise.planning.recommend import guide
+
+        if prices or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu, segment, vendor)):
+            raise GpuwiseError("goals and filters apply to a workload", "add --model NAME (or --hf-config)")
+        _show(guide(catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ))), None, json_out)
+        return
     rent, bought = read_prices(prices, catalog) if prices else ({}, {})
     constraints = Constraints(
         mode="buy" if buy else "rent", budget_usd=budget,
@@ -95,6 +117,20 @@ def recommend(
         gpus=tuple(catalog.get(g).key for g in _list(gpu)), segments=_list(segment), vendors=_list(vendor),
         ecosystem=ecosystem, rent=rent, buy=bought)
     goal = Goal(tokens=tokens, samples=samples)
+    if serving:
+        trained = [f for f, v in (("--checkpointing", checkpointing), ("--sharding", sharding),
+                                  ("--lora-rank", lora_rank), ("--seq", seq)) if v is not None]
+        if trained:
+            raise GpuwiseError(f"{trained[0]} has no meaning when serving",
+                               f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
+        traffic = Traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
+                          tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
+                          tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights)
+        result = rank_serving(resolve_source(model, hf_config), traffic, constraints, batch=batch or 1,
+                              precision=precision, sort=sort, goal=goal,  # type: ignore[arg-type]
+                              catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
+        _show(result, plot, json_out)
+        return
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
              "sharding": sharding, "lora_rank": lora_rank, "precision": precision}
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
@@ -102,8 +138,14 @@ def recommend(
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
                   sharding=sharding, checkpointing_given=checkpointing is not None, sort=sort,  # type: ignore[arg-type]
                   catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
+    _show(result, plot, json_out)
+
+
+def _show(result, plot: str | None, json_out: bool) -> None:
+    from gpuwise import render
+
     render.emit(result, json=json_out)
-    if plot is not None:
+    if plot is not None:  # after the table: a path we cannot write loses nothing
         from gpuwise.plot import plot_recommend
 
         plot_recommend(result, plot)

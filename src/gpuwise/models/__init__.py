@@ -20,6 +20,7 @@ from gpuwise.models.bert import Bert, BertConfig
 from gpuwise.models.gpt import GPT, GPTConfig
 from gpuwise.models.llama import Llama, LlamaConfig
 from gpuwise.models.mlp import MLP, MLPConfig
+from gpuwise.models.mobilenet import MobileNetConfig, MobileNetV2
 from gpuwise.models.resnet import ResNet, ResNetConfig
 from gpuwise.models.vit import ViT, ViTConfig
 
@@ -118,6 +119,9 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
              source="Dosovitskiy et al. 2021; timm vit_large_patch16_224"),
     ZooModel(name="resnet50", family="vision", config=ResNetConfig(), build=ResNet, inputs="image",
              default_image_size=224, published_params=25_557_032, source="He et al. 2016; torchvision resnet50"),
+    ZooModel(name="mobilenet-v2", family="vision", config=MobileNetConfig(), build=MobileNetV2, inputs="image",
+             default_image_size=224, published_params=3_504_872,
+             source="Sandler et al. 2018; torchvision mobilenet_v2 (3,504,872 parameters)"),
     ZooModel(name="mlp", family="mlp", config=MLPConfig(), build=MLP, inputs="features",
              published_params=1024 * 4096 + 4096 + 4 * (4096 * 4096 + 4096) + 4096 * 1000 + 1000,
              source="gpuwise's own: 1024 -> 4 x 4096 -> 1000, GELU"),

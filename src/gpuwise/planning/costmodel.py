@@ -205,21 +205,29 @@ def comm_bytes(step: PerGpu) -> tuple[float, float]:
     return share * (gathers + reduce), share * (w.block_bytes + w.block_trainable_params * (4 if s.mixed else half))
 
 
-def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None):
-    key = step.setup.spec.rate_key
+def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None, int8: bool = False):
+    key = "int8" if int8 else step.setup.spec.rate_key
     datasheet = acc.peak_tflops.get(key)
     measured = calibration.tflops.get(key) if calibration is not None else None
     gbps_measured = calibration.gbps if calibration is not None else None
     return key, datasheet, measured, gbps_measured
 
 
-def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None) -> StepTime | None:
+def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None,
+              int8: bool = False) -> StepTime | None:
     """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, op by op, plus the exposed
-    collectives. None: the GPU has no rate for the run's precision (bf16 before Ampere) or no bandwidth."""
-    key, datasheet, measured, gbps_measured = _peak(step, acc, calibration)
+    collectives. None: the GPU has no rate for the run's precision (bf16 before Ampere) or no bandwidth.
+
+    ``int8``: an inference step quantised to int8 end to end (edge NPUs, TensorRT INT8): the int8 rate (TOPS),
+    and each op's bytes scaled from the captured 16-bit elements to one byte."""
+    if int8 and step.setup.training:
+        raise ValueError("int8 costs inference steps only")
+    key, datasheet, measured, gbps_measured = _peak(step, acc, calibration, int8)
     tflops = measured or datasheet
     gbps = gbps_measured or acc.memory_bandwidth_gbps
-    if not tflops or not gbps:
+    # a chip whose memory is its on-chip SRAM (Coral) publishes no bandwidth: a step that fits never waits on it
+    on_chip = not gbps and "sram" in (acc.memory_type or "").lower()
+    if not tflops or not (gbps or on_chip):
         return None
     cls = memory_class(acc)
     eta_mm, eta_at, eta_mem = (efficiency(k, acc) for k in ("matmul", "attention", "memory"))
@@ -231,13 +239,15 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     c = step.workload.costs
     s = step.setup
     flops, nbytes = c.flops, c.bytes
+    if int8:
+        nbytes = nbytes / s.compute_dtype.itemsize
     if s.training and s.gpus > 1 and s.sharding != "ddp":  # each GPU steps its shard, in fp32 under mixed precision
         widen = 4 / s.compute_dtype.itemsize if s.mixed else 1.0
         opt = c.phase == PHASES.index("optimizer")
         flops, nbytes = np.where(opt, flops * widen / s.gpus, flops), np.where(opt, nbytes * widen / s.gpus, nbytes)
     eta = np.where(c.kind == ATTENTION, at, mm)
     t_compute = flops / (eta * tflops * 1e12)
-    t_memory = nbytes / (mem * gbps * 1e9)
+    t_memory = np.zeros_like(nbytes) if on_chip else nbytes / (mem * gbps * 1e9)
     t_launch = np.where(c.kind == NONE, 0.0, LAUNCH_S)
     times = np.stack([t_compute, t_memory, t_launch])
     bound = times.argmax(axis=0)
@@ -258,6 +268,7 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     peak = datasheet or tflops
     rate = f"{key} {tflops:g} TFLOPS {'measured (gpuwise bench --calibrate)' if measured else 'datasheet'}"
     parts = [f"{rate} x{mm:.2f} (matmul, {eta_mm.source}) x{at:.2f} (attention, {eta_at.source})",
+             "on-chip SRAM: no bandwidth figure, never waited on" if on_chip else
              f"{cls} {gbps:g} GB/s {'measured' if gbps_measured else 'datasheet'} x{mem:.2f} ({eta_mem.source})",
              f"launch {LAUNCH_S * 1e6:g} us/op (eager PyTorch)"]
     if link is not None:

@@ -63,6 +63,41 @@ class Goal:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """Serving: requests of ``prompt_tokens`` in and ``output_tokens`` out, ``concurrency`` users at once (or an
+    aggregate ``tokens_per_s`` of output), within optional latency targets, with weights stored as ``weights``."""
+
+    prompt_tokens: int = 512
+    output_tokens: int = 256
+    concurrency: int = 1
+    tokens_per_s: float | None = None
+    ttft_s: float | None = None  # time to first token
+    tpot_s: float | None = None  # time per output token
+    weights: str = "bf16"  # weight-only format: fp32, fp16, bf16, fp8, int8, int4, nf4
+
+    def __post_init__(self) -> None:
+        from gpuwise.planning.serving import WEIGHT_BYTES
+
+        for name, value, limit in (("--prompt-tokens", self.prompt_tokens, 1 << 24),
+                                   ("--output-tokens", self.output_tokens, 1 << 24),
+                                   ("--concurrency", self.concurrency, 1 << 24)):
+            if not 1 <= value <= limit:
+                raise GpuwiseError(f"{name} {value} is outside 1..{limit}", f"pass e.g. {name} 256")
+        for name, value, scale in (("--tokens-per-s", self.tokens_per_s, 1), ("--ttft-ms", self.ttft_s, 1e3),
+                                   ("--tpot-ms", self.tpot_s, 1e3)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise GpuwiseError(f"{name} {value * scale:g} is not a positive number", f"pass e.g. {name} 50")
+        if self.weights not in WEIGHT_BYTES:
+            raise GpuwiseError(f"--weights {self.weights!r} is not one of {', '.join(WEIGHT_BYTES)}",
+                               "pass --weights int4 (GPTQ/AWQ) or --weights bf16")
+
+    @property
+    def context(self) -> int:
+        """Tokens a sequence holds in its KV cache at the end."""
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
 class Price:
     usd: float
     source: str
@@ -120,6 +155,15 @@ class Option:
     basis: str
     excluded: str | None = None
     pareto: bool = False
+    # serving: one replica is ``count`` GPUs (tensor parallel); ``throughput`` is over every replica
+    per_user: float | None = None  # output tokens/s each user sees (1 / time per output token)
+    ttft_s: float | None = None
+    max_concurrency: int | None = None  # sequences one replica's memory holds at the full context
+    replicas: int | None = None
+
+    @property
+    def gpus_total(self) -> int:
+        return self.count * (self.replicas or 1)
 
     @property
     def per_gpu(self) -> float | None:
@@ -136,6 +180,7 @@ class Recommendation:
     sort: SortKey
     rows: tuple[Option, ...]  # ranked, fastest (or cheapest) first
     excluded: tuple[Option, ...]
+    traffic: Traffic | None = None  # serving: what the replicas must sustain
 
     @property
     def best(self) -> Option | None:
@@ -446,3 +491,269 @@ def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[
                                    "write plain dollars, e.g. 1.99")
             into[acc.key] = Price(usd=usd, source=f"your quote ({p.name})", date=date)
     return rent, buy
+
+
+# -- serving --------------------------------------------------------------------------------------------------
+
+def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, batch: int = 1,
+          precision: str | None = None, sort: SortKey = "cost", goal: Goal | None = None,
+          catalog: Catalog | None = None, calibrations: Mapping[str, Calibration] | None = None) -> Recommendation:
+    """Rank every accelerator for serving ``source``: a decoder by its decode model (time per output token from
+    the bytes each step reads, time to first token from the prompt's FLOPs, sequences per replica from the KV
+    cache that fits, replicas for the users); any other model by its captured inference step at ``batch``
+    (int8 end to end with ``--weights int8``, and on chips that only have an int8 rate). ``goal`` in tokens (or
+    samples) to produce prices the whole job."""
+    c = constraints or Constraints()
+    catalog = catalog or load_catalog()
+    goal = goal or Goal()
+    calibrations = calibrations or {}
+    dims = getattr(source, "decoder", None)
+    rows: list[Option] = []
+    excluded: list[Option] = []
+    planner = Planner(source)
+    if dims is not None:
+        if goal.samples is not None:
+            raise GpuwiseError("a language model's serving goal is in tokens", "pass --tokens")
+        setup = Setup(task="infer", micro_batch=1, seq=traffic.prompt_tokens, precision="bf16")
+        try:
+            step = planner.per_gpu(setup)
+        except NotApplicable as exc:
+            raise GpuwiseError(*exc.args) from exc
+        for acc in catalog:
+            if _chosen(acc, c):
+                found, why = _serve_decoder(acc, dims, step, traffic, c, goal, calibrations.get(acc.key))
+                rows.extend(found)
+                if not found:
+                    excluded.append(_excluded(acc, 1, why))
+        unit = "tokens"
+    else:
+        if goal.tokens is not None:
+            raise GpuwiseError(f"{source.name} does not generate tokens", "give the serving goal as --samples")
+        if traffic.weights not in ("bf16", "fp16", "int8"):
+            raise GpuwiseError(f"--weights {traffic.weights} applies to language models",
+                               "pass --weights int8 (or bf16) for this model")
+        for acc in catalog:
+            if _chosen(acc, c):
+                option, why = _serve_step(acc, planner, batch, precision, traffic, c, goal,
+                                          calibrations.get(acc.key))
+                if option is None:
+                    excluded.append(_excluded(acc, 1, why))
+                else:
+                    rows.append(option)
+        unit = "samples"
+    kept, out = [], []
+    for r in rows:
+        why = _over(r, c)
+        (out if why else kept).append(replace(r, excluded=why) if why else r)
+    cost = _serving_cost(c)
+    front = _pareto([replace(r, time_to_goal_s=r.step_time_s) for r in kept], cost)
+    kept = [replace(r, pareto=i in front) for i, r in enumerate(kept)]
+    key = {"time": lambda r: (r.step_time_s, cost(r)), "cost": lambda r: (cost(r), r.step_time_s),
+           "energy": lambda r: (-(r.per_joule or 0.0), cost(r))}[sort]
+    kept.sort(key=key)
+    return Recommendation(model=source.name, setup=Setup(task="infer", micro_batch=batch), goal=goal,
+                          constraints=c, unit=unit, sort=sort, rows=tuple(kept), excluded=tuple(excluded + out),
+                          traffic=traffic)
+
+
+def _serving_cost(c: Constraints):
+    """Rent of the whole fleet per hour, or the purchase of every GPU in it."""
+    def cost(r: Option) -> float:
+        if c.mode == "rent":
+            return r.rent_usd_per_hour.usd * r.gpus_total if r.rent_usd_per_hour is not None else math.inf
+        return r.buy_usd if r.buy_usd is not None else math.inf
+    return cost
+
+
+# Tensor parallelism past 8 GPUs pays per-layer all-reduce latencies the decode model leaves out; serving stacks
+# stop at a node of 8 (vLLM and TensorRT-LLM publish TP <= 8), and so does the search.
+MAX_TENSOR_PARALLEL = 8
+
+
+def _powers_within(acc: Accelerator, c: Constraints) -> list[int]:
+    top = min(_node(acc), MAX_TENSOR_PARALLEL, c.max_gpus or COUNTS[-1])
+    return [n for n in COUNTS if n <= top]
+
+
+def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Constraints, goal: Goal,
+                   calibration: Calibration | None) -> tuple[list[Option], str]:
+    """One row per replica size (1, 2, 4, ... GPUs of a node, tensor parallel) that holds the weights and at
+    least one sequence at the full context, within the latency targets."""
+    from gpuwise.planning.costmodel import allreduce_link
+    from gpuwise.planning.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
+    from gpuwise.planning.tracker import CATEGORIES
+
+    params = step.workload.params
+    weights = params * bytes_per_weight(traffic.weights)
+    live = step.live[int(step.live.sum(axis=1).argmax())]
+    activations = float(live.sum() - live[CATEGORIES.index("weights")] - live[CATEGORIES.index("kv_cache")])
+    mean_context = traffic.prompt_tokens + traffic.output_tokens // 2
+    rows, why = [], "the weights and one sequence's KV cache do not fit even on a full node"
+    for n in _powers_within(acc, c):
+        kv_heads = max(1, dims.kv_heads // n)  # tensor parallel splits the KV heads (replicated below one a GPU)
+        kv_seq = kv_bytes_per_token(layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim) * traffic.context
+        fits = max_concurrency(acc, weight_bytes=weights / n, kv_bytes_per_sequence=kv_seq,
+                               activation_bytes=activations)
+        if fits == 0:
+            continue
+        comm_per_seq, link_note = 0.0, ""
+        if n > 1:
+            link = allreduce_link(acc, n)
+            if link is None:
+                why = f"no known link between {n} of these"
+                continue
+            # two all-reduces of each token's hidden state per layer (Megatron tensor parallel), 16-bit
+            hidden = dims.heads * dims.head_dim
+            comm_per_seq = 2 * dims.layers * hidden * 2 * 2 * (n - 1) / n / (link.busbw_gbps * 1e9)
+            link_note = f" · tensor parallel over {n}: 2 all-reduces a layer at {link.source} (latency not modelled)"
+
+        def at(batch: int, n: int = n, kv_heads: int = kv_heads, comm_per_seq: float = comm_per_seq):
+            d = decode_time(acc, params=params / n, layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim,
+                            heads=max(1, dims.heads // n), weight_bytes=weights / n, batch=batch,
+                            context=mean_context, prompt_tokens=traffic.prompt_tokens, calibration=calibration)
+            return None if d is None else (d, d.seconds_per_token + comm_per_seq * batch)
+
+        batch = min(fits, traffic.concurrency) if traffic.tokens_per_s is None else fits
+        got = at(batch)
+        if got is None:
+            return [], "no memory bandwidth in the catalog"
+        while traffic.tpot_s is not None and got[1] > traffic.tpot_s and batch > 1:
+            batch = max(1, batch // 2)
+            got = at(batch)
+        d, tpot = got
+        if traffic.tpot_s is not None and tpot > traffic.tpot_s:
+            why = f"{tpot * 1e3:.3g} ms per output token, over --tpot-ms {traffic.tpot_s * 1e3:g}"
+            continue
+        if traffic.ttft_s is not None and d.ttft_s > traffic.ttft_s:
+            why = f"{d.ttft_s * 1e3:.3g} ms to the first token, over --ttft-ms {traffic.ttft_s * 1e3:g}"
+            continue
+        per_replica = batch / tpot
+        replicas = (math.ceil(traffic.tokens_per_s / per_replica) if traffic.tokens_per_s is not None
+                    else math.ceil(traffic.concurrency / batch))
+        if c.max_gpus is not None and replicas * n > c.max_gpus:
+            why = f"needs {replicas * n} GPUs ({replicas} replicas of {n}), over --max-gpus {c.max_gpus}"
+            continue
+        rows.append(_served(acc, n, replicas, per_replica * replicas, tpot, d.ttft_s, fits, goal, c,
+                            d.basis + link_note, flags=f"--weights {traffic.weights}" if traffic.weights != "bf16"
+                            else ""))
+    return rows, why
+
+
+def _serve_step(acc: Accelerator, planner: Planner, batch: int, precision: str | None, traffic: Traffic,
+                c: Constraints, goal: Goal, calibration: Calibration | None) -> tuple[Option | None, str]:
+    """A non-decoder model served one batch at a time on one GPU per replica: the captured inference step."""
+    int8 = traffic.weights == "int8"
+    sixteen = acc.peak_tflops.get("bf16") or acc.peak_tflops.get("fp16")
+    if not int8 and not sixteen:
+        if not acc.peak_tflops.get("int8"):
+            return None, "no bf16, fp16 or int8 rate in the catalog"
+        int8 = True  # an int8-only chip (Coral, NPUs) runs the model quantised
+    if int8 and not acc.peak_tflops.get("int8"):
+        return None, "no int8 rate in the catalog"
+    chosen = precision or ("bf16" if acc.peak_tflops.get("bf16") else "fp16-mixed")
+    try:
+        step = planner.per_gpu(Setup(task="infer", micro_batch=batch, precision=chosen))
+    except NotApplicable as exc:
+        return None, exc.args[0]
+    need = step.peak_bytes / (step.setup.compute_dtype.itemsize if int8 else 1)
+    if need > acc.memory_bytes:
+        return None, f"needs {need / 2**30:.3g} GiB, has {acc.memory_bytes / 2**30:.3g}"
+    t = step_time(step, acc, calibration=calibration, int8=int8)
+    if t is None:
+        return None, "no rate or memory bandwidth in the catalog"
+    per_replica = batch / t.seconds
+    replicas = math.ceil(traffic.tokens_per_s / per_replica) if traffic.tokens_per_s is not None else 1
+    if c.max_gpus is not None and replicas > c.max_gpus:
+        return None, f"needs {replicas} GPUs, over --max-gpus {c.max_gpus}"
+    return _served(acc, 1, replicas, per_replica * replicas, t.seconds, t.seconds, None, goal, c, t.basis,
+                   flags="--weights int8" if int8 else "", mfu=t.mfu), ""
+
+
+def _served(acc: Accelerator, n: int, replicas: int, throughput: float, latency: float, first: float,
+            fits: int | None, goal: Goal, c: Constraints, basis: str, *, flags: str, mfu: float | None = None
+            ) -> Option:
+    rent, buy = _rent(acc, c), _buy(acc, c)
+    gpus = n * replicas
+    hours = None if goal.amount is None else goal.amount / throughput / 3600
+    watts = acc.tdp_w * gpus if acc.tdp_w else None
+    return Option(
+        gpu=acc.key, name=acc.name, count=n, fits=True, setup=None, flags=flags, step_time_s=latency,
+        throughput=throughput, mfu=mfu, time_to_goal_s=None if hours is None else hours * 3600,
+        rent_usd_per_hour=rent, rent_usd=None if rent is None or hours is None else rent.usd * gpus * hours,
+        buy_usd=None if buy is None else buy.usd * gpus, buy_price=buy,
+        energy_kwh=None if watts is None or hours is None else watts * hours / 1000,
+        per_joule=None if watts is None else throughput / watts, basis=basis, per_user=1 / latency,
+        ttft_s=first, max_concurrency=fits, replicas=replicas)
+
+
+# -- the guide: canonical scenarios, ranked by the same engine ------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str
+    command: str  # the gpuwise recommend line that ranks it in full
+    fastest: Option | None
+    cheapest: Option | None  # by rent for the goal (training) or fleet rent per hour (serving)
+    most_per_joule: Option | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Guide:
+    scenarios: tuple[Scenario, ...]
+    mode: Mode
+
+
+def _picks(r: Recommendation, cost) -> tuple[Option | None, Option | None, Option | None]:
+    rows = list(r.rows)
+    if not rows:
+        return None, None, None
+    timed = [o for o in rows if (o.time_to_goal_s or o.step_time_s) is not None]
+    fastest = min(timed, key=lambda o: o.time_to_goal_s or o.step_time_s) if r.traffic is None else min(
+        rows, key=lambda o: o.step_time_s)
+    priced = [o for o in rows if cost(o) < math.inf]
+    cheapest = min(priced, key=cost) if priced else None
+    powered = [o for o in rows if o.per_joule is not None]
+    return fastest, cheapest, max(powered, key=lambda o: o.per_joule) if powered else None
+
+
+def guide(*, catalog: Catalog | None = None, calibrations: Mapping[str, Calibration] | None = None) -> Guide:
+    """What the buying guides say in prose, computed: six common jobs, each ranked over the whole catalog, with
+    the fastest, the cheapest and the most work per joule. Nothing here is typed in: it is ``recommend``'s and
+    ``serve``'s ranking of each job."""
+    from gpuwise.planning.source import resolve_source
+
+    catalog = catalog or load_catalog()
+    kw = {"catalog": catalog, "calibrations": calibrations}
+    c = Constraints()
+    jobs = [
+        ("learn: GPT-2 (124M) on 1B tokens", "--model gpt2 --seq 1024 --batch 32 --tokens 1e9",
+         lambda: recommend(resolve_source("gpt2", None), Setup.for_batch(batch=32, micro_batch=32, seq=1024),
+                           Goal(tokens=1e9), c, **kw)),
+        ("LoRA fine-tune of a 7B model, 50M tokens",
+         "--model llama2-7b --task finetune-lora --seq 2048 --batch 16 --tokens 5e7",
+         lambda: recommend(resolve_source("llama2-7b", None), Setup.for_batch(
+             batch=16, micro_batch=16, seq=2048, task="finetune-lora"), Goal(tokens=5e7), c, **kw)),
+        ("full fine-tune of a 7B model, 1B tokens", "--model llama2-7b --seq 2048 --batch 64 --tokens 1e9",
+         lambda: recommend(resolve_source("llama2-7b", None), Setup.for_batch(batch=64, micro_batch=64, seq=2048),
+                           Goal(tokens=1e9), c, **kw)),
+        ("pre-train an 8B model on 1T tokens",
+         "--model llama3-8b --seq 8192 --batch 512 --tokens 1e12 --max-gpus 512",
+         lambda: recommend(resolve_source("llama3-8b", None), Setup.for_batch(batch=512, micro_batch=512, seq=8192),
+                           Goal(tokens=1e12), replace(c, max_gpus=512), **kw)),
+        ("serve a 70B model to 100 users (TTFT <= 450 ms, TPOT <= 40 ms)",
+         "--model llama2-70b --serve --concurrency 100 --ttft-ms 450 --tpot-ms 40",
+         lambda: serve(resolve_source("llama2-70b", None), Traffic(concurrency=100, ttft_s=0.45, tpot_s=0.04), c,
+                       **kw)),
+        ("edge vision: MobileNetV2 at int8, batch 1", "--model mobilenet-v2 --serve --weights int8 --segment edge",
+         lambda: serve(resolve_source("mobilenet-v2", None), Traffic(weights="int8"), replace(c, segments=("edge",)),
+                       **kw)),
+    ]
+    scenarios = []
+    for name, flags, run in jobs:
+        r = run()
+        cost = _serving_cost(r.constraints) if r.traffic is not None else (
+            lambda o: o.rent_usd if o.rent_usd is not None else math.inf)
+        fastest, cheapest, green = _picks(r, cost)
+        scenarios.append(Scenario(name=name, command=f"gpuwise recommend {flags}", fastest=fastest, cheapest=cheapest,
+                                  most_per_joule=green))
+    return Guide(scenarios=tuple(scenarios), mode=c.mode)

@@ -24,6 +24,16 @@ from gpuwise.planning.setup import Setup
 
 
 @dataclass(frozen=True, kw_only=True)
+class Decoder:
+    """What decode speed depends on besides the weights: the KV cache's shape per token, and the query heads."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class Built:
     model: nn.Module
     inputs: tuple[torch.Tensor, ...]
@@ -51,6 +61,16 @@ class ZooSource:
     @property
     def name(self) -> str:
         return self.zoo.name
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """The KV-cache dimensions of a decoder-only language model (None for the others)."""
+        c = self.zoo.config
+        if self.zoo.family != "decoder":
+            return None
+        width = getattr(c, "dim", None) or c.n_embd
+        return Decoder(layers=c.n_layer, heads=c.n_head, kv_heads=getattr(c, "n_kv_head", c.n_head),
+                       head_dim=width // c.n_head)
 
     @property
     def n_layer(self) -> int | None:
@@ -128,6 +148,7 @@ class FileSource:
 
     path: Path
     function: str
+    decoder = None  # a function's model is a black box: no KV-cache dimensions
 
     @property
     def name(self) -> str:
@@ -232,6 +253,18 @@ class HFSource:
         if "layer_types" in self.config or not isinstance(self.config.get("num_hidden_layers"), int):
             return None
         return self.config["num_hidden_layers"]
+
+    @property
+    def decoder(self) -> Decoder | None:
+        """The KV-cache dimensions from config.json (decoder-only models: a CausalLM architecture)."""
+        c = self.config
+        archs = c.get("architectures") or []
+        layers, heads = c.get("num_hidden_layers"), c.get("num_attention_heads")
+        if not (isinstance(layers, int) and isinstance(heads, int) and any("CausalLM" in a for a in archs)):
+            return None
+        kv = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or (c.get("hidden_size") or 0) // heads
+        return Decoder(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim) if head_dim else None
 
     @property
     def max_positions(self) -> int | None:

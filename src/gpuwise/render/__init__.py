@@ -23,7 +23,7 @@ from gpuwise.render.bench import (
 from gpuwise.render.doctor import doctor_json, render_doctor
 from gpuwise.render.gpus import local_json, render_accelerator, render_catalog, render_local
 from gpuwise.render.plan import plan_json, render_models, render_plan
-from gpuwise.render.recommend import recommend_json, render_recommend
+from gpuwise.render.recommend import guide_json, recommend_json, render_guide, render_recommend
 from gpuwise.render.train import TrainProgress, render_train
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def _views() -> dict[str, tuple[Any, Any]]:
         "MemoryPlan": (render_plan, plan_json),
         "TrainSummary": (render_train, lambda s: s),
         "Recommendation": (render_recommend, recommend_json),
+        "Guide": (render_guide, guide_json),
         "BenchReport": (render_report, report_json),
         "BenchComparison": (render_comparison, comparison_json),
     }

@@ -11,7 +11,7 @@ from rich.table import Table
 from gpuwise.render._common import _num, to_jsonable
 
 if TYPE_CHECKING:
-    from gpuwise.planning.recommend import Option, Recommendation
+    from gpuwise.planning.recommend import Guide, Option, Recommendation
 
 SHOWN = 15  # rows in the table; --json has every one
 
@@ -58,7 +58,67 @@ def _shown(r: Recommendation) -> list[Option]:
     return top + [o for o in r.rows[SHOWN:] if o.pareto]
 
 
+def _serving(r: Recommendation, console: Console) -> None:
+    t = r.traffic
+    decoder = r.unit == "tokens"
+    demand = (f"{t.tokens_per_s:g} {r.unit}/s" if t.tokens_per_s is not None else
+              f"{t.concurrency} users" if decoder else f"batch {r.setup.micro_batch}")
+    slo = " ".join(x for x in ((f"TTFT <= {t.ttft_s * 1e3:g} ms" if t.ttft_s else ""),
+                               (f"TPOT <= {t.tpot_s * 1e3:g} ms" if t.tpot_s else "")) if x)
+    what = f"{t.prompt_tokens} in / {t.output_tokens} out, {t.weights} weights" if decoder else f"{t.weights}"
+    table = Table(title=f"{r.model} · serve {demand} · {what}{' · ' + slo if slo else ''} · ranked by {r.sort}",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    u = "tok" if decoder else "img"
+    cols = [("", "left"), ("gpu", "left"), ("GPUs", "right"), (f"{u}/s/user" if decoder else "latency", "right"),
+            (f"{u}/s", "right"), ("TTFT" if decoder else "batch", "right"), ("seqs" if decoder else "reps", "right"),
+            ("$/h" if r.constraints.mode == "rent" else "buy", "right"), (f"$/M{u}", "right"), (f"{u}/J", "right")]
+    for name, justify in cols:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for o in _shown(r):
+        fleet = o.rent_usd_per_hour.usd * o.gpus_total if o.rent_usd_per_hour is not None else None
+        per_m = None if fleet is None else fleet / (o.throughput * 3600) * 1e6
+        gpus = f"{o.replicas}x{o.count}" if o.count > 1 else str(o.gpus_total)
+        table.add_row("*" if o.pareto else "", o.gpu, gpus,
+                      f"{o.per_user:.3g}" if decoder else f"{o.step_time_s * 1e3:.3g}ms",
+                      _rate(o.throughput), f"{o.ttft_s * 1e3:.3g}ms" if decoder else str(r.setup.micro_batch),
+                      _num(o.max_concurrency) if decoder else str(o.replicas),
+                      _usd(fleet) if r.constraints.mode == "rent" else _usd(o.buy_usd), _usd(per_m),
+                      _num(o.per_joule, ".3g"))
+    console.print(table)
+    notes = (["*: on the Pareto front of latency (time per output token) against cost. GPUs: replicas x GPUs per "
+              "replica (tensor parallel); seqs: sequences one replica's KV cache holds at the full context (vLLM's "
+              "sizing, 90% of memory); $/M: per million output tokens at the rent; per joule at board power."]
+             if decoder else
+             ["*: on the Pareto front of latency against cost. latency: one batch through the model; reps: "
+              "replicas for --tokens-per-s; $/M: per million images at the rent; per joule at board power."])
+    if (more := len(r.rows) - len(_shown(r))) > 0:
+        notes.append(f"{more} more rows with --json.")
+    if r.best is not None:
+        notes.append(f"basis of the first row: {r.best.basis}")
+    console.print("\n".join(notes))
+    _left_out(r, console)
+
+
+def _left_out(r: Recommendation, console: Console) -> None:
+    if not r.excluded:
+        return
+    out = Table(title="left out", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    out.add_column("gpu", no_wrap=True)
+    out.add_column("n", justify="right")
+    out.add_column("why", overflow="fold")
+    seen = set()
+    for o in r.excluded:
+        if (o.gpu, o.excluded) in seen:
+            continue
+        seen.add((o.gpu, o.excluded))
+        out.add_row(o.gpu, str(o.count), o.excluded or "")
+    console.print(out)
+
+
 def render_recommend(r: Recommendation, console: Console) -> None:
+    if r.traffic is not None:
+        _serving(r, console)
+        return
     goal = f"{r.goal.amount:.3g} {r.unit}" if r.goal.amount is not None else "no goal (give --tokens)"
     cost_col = "rent" if r.constraints.mode == "rent" else "buy"
     table = Table(title=f"{r.model} · {r.setup.task} · global batch {r.setup.batch} · goal {goal} · "
@@ -88,18 +148,7 @@ def render_recommend(r: Recommendation, console: Console) -> None:
             p = r.best.rent_usd_per_hour
             notes.append(f"its price: ${p.usd:.2f}/GPU-hour, {p.source}" + (f" ({p.date})" if p.date else ""))
     console.print("\n".join(notes))
-    if r.excluded:
-        out = Table(title="left out", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        out.add_column("gpu", no_wrap=True)
-        out.add_column("n", justify="right")
-        out.add_column("why", overflow="fold")
-        seen = set()
-        for o in r.excluded:
-            if (o.gpu, o.excluded) in seen:
-                continue
-            seen.add((o.gpu, o.excluded))
-            out.add_row(o.gpu, str(o.count), o.excluded or "")
-        console.print(out)
+    _left_out(r, console)
 
 
 def recommend_json(r: Recommendation) -> dict[str, Any]:
@@ -109,9 +158,44 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
                 f"{r.unit}_per_s_per_gpu": o.per_gpu, "mfu": o.mfu, "time_to_goal_s": o.time_to_goal_s,
                 "rent_usd_per_gpu_hour": to_jsonable(o.rent_usd_per_hour), "rent_usd": o.rent_usd,
                 "buy_usd": o.buy_usd, "buy_price": to_jsonable(o.buy_price), "energy_kwh": o.energy_kwh,
-                f"{r.unit}_per_joule": o.per_joule, "pareto": o.pareto, "basis": o.basis, "excluded": o.excluded}
+                f"{r.unit}_per_joule": o.per_joule, "pareto": o.pareto, "basis": o.basis, "excluded": o.excluded,
+                **({} if r.traffic is None else {
+                    "decode_tokens_per_s": o.per_user, "ttft_s": o.ttft_s, "max_concurrency": o.max_concurrency,
+                    "replicas": o.replicas, "gpus_total": o.gpus_total})}
 
     return {"workload": {"model": r.model, "setup": to_jsonable(r.setup)},
-            "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort,
+            "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort, "traffic": to_jsonable(r.traffic),
             "constraints": to_jsonable(r.constraints),
             "rows": [row(o) for o in r.rows] + [row(o) for o in r.excluded]}
+
+
+def _pick(o: Option | None, serving: bool) -> str:
+    if o is None:
+        return "-"
+    gpus = f"{o.replicas}x{o.count}" if serving and o.count > 1 else str(o.gpus_total)
+    if serving:
+        money = f", ${o.rent_usd_per_hour.usd * o.gpus_total:,.2f}/h" if o.rent_usd_per_hour else ""
+        speed = f"{o.per_user:.3g} tok/s/user" if o.max_concurrency is not None else f"{o.step_time_s * 1e3:.2g} ms"
+        return f"{gpus} {o.gpu}: {speed}{money}"
+    money = f", {_usd(o.rent_usd)}" if o.rent_usd is not None else ""
+    return f"{gpus} {o.gpu}: {_duration(o.time_to_goal_s)}{money}"
+
+
+def render_guide(g: Guide, console: Console) -> None:
+    table = Table(title="which GPU for what: six jobs ranked over the catalog (gpuwise recommend --model ... "
+                        "ranks yours)", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_lines=True)
+    for name in ("job", "fastest", "cheapest (rent)", "most work per joule"):
+        table.add_column(name, overflow="fold")
+    for s in g.scenarios:
+        serving = "serve" in s.command
+        table.add_row(s.name, _pick(s.fastest, serving), _pick(s.cheapest, serving),
+                      _pick(s.most_per_joule, serving))
+    console.print(table)
+    console.print("Each row is the engine's own ranking of the job; rerun its command for the whole table and the "
+                  "basis of each figure:\n" + "\n".join(f"  {s.command}" for s in g.scenarios))
+
+
+def guide_json(g: Guide) -> dict[str, Any]:
+    return {"mode": g.mode, "scenarios": [
+        {"name": s.name, "command": s.command, "fastest": to_jsonable(s.fastest), "cheapest": to_jsonable(s.cheapest),
+         "most_per_joule": to_jsonable(s.most_per_joule)} for s in g.scenarios]}
