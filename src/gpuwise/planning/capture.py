@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from gpuwise.optim import param_groups
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
-from gpuwise.planning.tracker import OpCosts, Tracker
+from gpuwise.planning.tracker import OpCosts, OpRows, Storages, Tracker
 from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks
 
 
@@ -53,6 +54,49 @@ class Capture:
     block_bytes: int  # parameters and buffers of the largest block: what FSDP gathers at once
     block_trainable_params: int  # trainable parameters of that block: what FSDP reduces at once
     measured_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated() over the step, on a real GPU
+    # What the weighted figures above come from, so that a capture can be re-weighed for another accumulation,
+    # cut to its first micro-batch, or paired with a capture at another batch size (scaling.capture_at):
+    grad_accum: int = 1  # micro-batches per optimizer step the costs and totals are weighed for
+    held: int = 1  # micro-batches recorded: min(grad_accum, 2)
+    rows: OpRows | None = field(default=None, repr=False, compare=False)  # every op recorded, in order
+    fb_ops: int = 0  # rows (and fb_samples: samples) before the optimizer step
+    fb_samples: int = 0
+    first_ops: int = 0  # rows (and first_samples: samples) of the first micro-batch's forward and backward
+    first_samples: int = 0
+    uncosted_first: dict[str, int] = field(default_factory=dict)  # uncosted ops of the first micro-batch
+    uncosted_optimizer: dict[str, int] = field(default_factory=dict)
+    storages: Storages | None = field(default=None, repr=False, compare=False)  # what ``live`` sums
+
+    def reweighed(self, grad_accum: int) -> Capture:
+        """The same recording weighed for ``grad_accum`` micro-batches a step (holding as many as this one)."""
+        if min(grad_accum, 2) != self.held:
+            raise ValueError(f"a capture holding {self.held} micro-batches cannot stand for accumulation {grad_accum}")
+        if grad_accum == self.grad_accum:
+            return self
+        return replace(self, grad_accum=grad_accum, **weighed(self.rows, self.fb_ops, self.held, grad_accum))
+
+    def first_pass(self) -> Capture:
+        """The step without accumulation (one micro-batch, then the optimizer), cut out of a capture holding two:
+        its first micro-batch runs from the same state, and the optimizer step that follows is the same."""
+        if self.held == 1:
+            return self
+        keep = np.r_[0:self.first_samples, self.fb_samples:len(self.labels)]
+        rows = OpRows.concat(self.rows[:self.first_ops], self.rows[self.fb_ops:])
+        return replace(
+            self, labels=tuple(self.labels[i] for i in keep), ops=tuple(self.ops[i] for i in keep),
+            live=self.live[keep],
+            grad_accum=1, held=1, rows=rows, fb_ops=self.first_ops, fb_samples=self.first_samples, storages=None,
+            uncosted=dict(Counter(self.uncosted_first) + Counter(self.uncosted_optimizer)),
+            **weighed(rows, self.first_ops, 1, 1))
+
+
+def weighed(rows: OpRows, fb_ops: int, held: int, grad_accum: int) -> dict:
+    """The step's FLOPs, bytes and per-op costs from the ops recorded: the forward and backward of ``held``
+    micro-batches weighed for ``grad_accum``, the optimizer step once."""
+    fb, opt = rows[:fb_ops], rows[fb_ops:]
+    return dict(flops_per_step=int(fb.flops.sum()) * grad_accum // held + int(opt.flops.sum()),
+                bytes_per_step=int(fb.bytes.sum()) * grad_accum // held + int(opt.bytes.sum()),
+                costs=OpCosts.combine(fb.costs().scaled(grad_accum / held), opt.costs()))
 
 
 @contextlib.contextmanager
@@ -246,26 +290,28 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             if setup.training:
                 backward(forward())
                 end_of_forward = tracker.marks["end_of_forward"]  # of the first micro-batch
+                first_ops, first_samples, uncosted_first = tracker.n_ops, len(tracker.labels), dict(tracker.uncosted)
                 for _ in range(micro - 1):
                     backward(forward())
-                fb_flops, fb_bytes, fb_ops = tracker.flops, tracker.bytes_moved, tracker.n_ops
+                fb_ops, fb_samples, uncosted_fb = tracker.n_ops, len(tracker.labels), Counter(tracker.uncosted)
                 optimizer_step()
             else:
                 with torch.no_grad():
                     forward()
-                fb_flops, fb_bytes, fb_ops = tracker.flops, tracker.bytes_moved, tracker.n_ops
+                fb_ops, fb_samples, uncosted_fb = tracker.n_ops, len(tracker.labels), Counter(tracker.uncosted)
+                first_ops, first_samples, uncosted_first = fb_ops, fb_samples, dict(uncosted_fb)
                 end_of_forward = tracker.marks["end_of_forward"]
         for h in handles:
             h.remove()
         measured = torch.cuda.max_memory_allocated() if device == "cuda" else None
-        opt_flops = tracker.flops - fb_flops
-        flops_per_step = fb_flops * setup.grad_accum // micro + opt_flops
-        bytes_per_step = fb_bytes * setup.grad_accum // micro + tracker.bytes_moved - fb_bytes
-        costs = OpCosts.combine(tracker.op_costs(0, fb_ops).scaled(setup.grad_accum / micro), tracker.op_costs(fb_ops))
+        rows, storages = tracker.op_rows(), tracker.storages()
         return Capture(
             batch=batch, labels=tuple(tracker.labels), ops=tuple(tracker.ops),
-            live=tracker.timeline(), end_of_forward=end_of_forward, flops_per_step=flops_per_step,
-            bytes_per_step=bytes_per_step, costs=costs,
+            live=storages.timeline(len(tracker.labels)), end_of_forward=end_of_forward,
+            **weighed(rows, fb_ops, micro, setup.grad_accum),
             uncosted=dict(tracker.uncosted), params=params, trainable_params=sum(p.numel() for p in trainable),
             block_bytes=block_bytes, block_trainable_params=block_trainable, measured_peak_bytes=measured,
+            grad_accum=setup.grad_accum, held=micro, rows=rows, fb_ops=fb_ops, fb_samples=fb_samples,
+            first_ops=first_ops, first_samples=first_samples, uncosted_first=uncosted_first,
+            uncosted_optimizer=dict(Counter(tracker.uncosted) - uncosted_fb), storages=storages,
         )

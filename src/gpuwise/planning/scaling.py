@@ -14,12 +14,13 @@ scales the shared samples by L-2. With L=2 or 3 it gives back the captures thems
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 
 import numpy as np
 
-from gpuwise.planning.capture import Capture
+from gpuwise.planning.capture import Capture, weighed
+from gpuwise.planning.tracker import OpRows
 
 
 class Misaligned(Exception):
@@ -57,6 +58,37 @@ def batch_affine(a: Capture, b: Capture) -> Timeline:
     x1, x2 = a.live.astype(np.float64), b.live.astype(np.float64)
     slope = (x2 - x1) / (b.batch - a.batch)
     return Timeline(labels=a.labels, base=x1 - a.batch * slope, slope=slope, end_of_forward=a.end_of_forward)
+
+
+def _affine(x1: np.ndarray, x2: np.ndarray, b1: int, b2: int, batch: int) -> np.ndarray:
+    """``x`` at ``batch`` from its values at ``b1`` and ``b2``, in integers: exact where ``x`` is affine."""
+    step, rest = np.divmod(x2 - x1, b2 - b1)
+    if rest.any():
+        raise Misaligned(f"batch {b1} and batch {b2} differ by a step that is not a whole number of bytes a sample")
+    return x1 + (batch - b1) * step
+
+
+def capture_at(a: Capture, b: Capture, batch: int) -> Capture:
+    """The capture at ``batch`` as two captures of the same step (at ``a.batch`` and ``b.batch``) predict it:
+    every storage's size and every op's FLOPs and bytes affine in the batch (see the module docstring), each
+    storage then rounded as the allocator rounds it, the weighted totals and per-op costs recomputed from those
+    ops. Misaligned if the two did not allocate the same storages at the same ops and run the same ops."""
+    if (a.ops != b.ops or a.labels != b.labels or a.rows is None or b.rows is None or not a.rows.same_ops(b.rows)
+            or a.storages is None or b.storages is None or not a.storages.same_lives(b.storages)
+            or (a.end_of_forward, a.held, a.grad_accum, a.fb_ops, a.fb_samples, a.first_ops, a.first_samples)
+            != (b.end_of_forward, b.held, b.grad_accum, b.fb_ops, b.fb_samples, b.first_ops, b.first_samples)
+            or a.uncosted != b.uncosted or a.params != b.params or a.batch == b.batch):
+        raise Misaligned(f"batch {a.batch} and batch {b.batch} ran different ops")
+    if batch in (a.batch, b.batch):
+        return a if batch == a.batch else b
+    rows = OpRows(flops=_affine(a.rows.flops, b.rows.flops, a.batch, b.batch, batch),
+                  bytes=_affine(a.rows.bytes, b.rows.bytes, a.batch, b.batch, batch),
+                  kind=a.rows.kind, phase=a.rows.phase)
+    storages = replace(a.storages, nbytes=_affine(a.storages.nbytes, b.storages.nbytes, a.batch, b.batch, batch))
+    if (rows.flops < 0).any() or (rows.bytes < 0).any() or (storages.nbytes < 0).any():
+        raise Misaligned(f"batch {batch} is outside what batch {a.batch} and batch {b.batch} predict")
+    return replace(a, batch=batch, live=storages.timeline(len(a.labels)), rows=rows, storages=storages,
+                   measured_peak_bytes=None, **weighed(rows, a.fb_ops, a.held, a.grad_accum))
 
 
 def _runs(labels) -> list[tuple[tuple[str, int | None], int, int]]:

@@ -21,7 +21,6 @@ GPU-specific behaviour modelled here (the step itself runs on fake CPU tensors):
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections import Counter
 from collections.abc import Iterable
@@ -135,6 +134,38 @@ class OpCosts:
                        count=summed[keep])
 
 
+@dataclass(frozen=True, kw_only=True)
+class OpRows:
+    """The costed ops of a capture in the order they ran, one row per call, unweighted and unmerged: two
+    captures of the same step at different batch sizes pair row by row (``OpCosts`` merges identical rows)."""
+
+    flops: np.ndarray = field(repr=False)  # int64, per call
+    bytes: np.ndarray = field(repr=False)  # int64, read + written per call
+    kind: np.ndarray = field(repr=False)  # int8 index into KINDS
+    phase: np.ndarray = field(repr=False)  # int8 index into PHASES
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+    def __getitem__(self, index: slice) -> OpRows:
+        return OpRows(flops=self.flops[index], bytes=self.bytes[index], kind=self.kind[index], phase=self.phase[index])
+
+    @staticmethod
+    def concat(*parts: OpRows) -> OpRows:
+        return OpRows(flops=np.concatenate([p.flops for p in parts]), bytes=np.concatenate([p.bytes for p in parts]),
+                      kind=np.concatenate([p.kind for p in parts]), phase=np.concatenate([p.phase for p in parts]))
+
+    def same_ops(self, other: OpRows) -> bool:
+        """The same op kinds in the same phases, call by call (their sizes may differ)."""
+        return (len(self) == len(other) and np.array_equal(self.kind, other.kind)
+                and np.array_equal(self.phase, other.phase))
+
+    def costs(self) -> OpCosts:
+        """Each row with weight 1, identical rows merged."""
+        return OpCosts.combine(OpCosts(flops=self.flops.astype(np.float64), bytes=self.bytes.astype(np.float64),
+                                       kind=self.kind, phase=self.phase, count=np.ones(len(self))))
+
+
 def op_kind(name: str, flops: int | None, namespace: str) -> int:
     """Which cost class an op falls in: attention kernels, other FLOP-counted ops (GEMMs, convolutions), the
     rest memory-bound; allocation-only ops launch nothing."""
@@ -230,13 +261,10 @@ class Tracker(TorchDispatchMode):
             if _RANK[category] > self._category[rec]:
                 self._category[rec] = _RANK[category]
             return None
-        nbytes = st.nbytes()
-        if self.round_bytes:
-            nbytes = math.ceil(nbytes / self.round_bytes) * self.round_bytes
         rec = len(self._born)
         self._born.append(len(self.labels))
         self._died.append(-1)
-        self._bytes.append(nbytes)
+        self._bytes.append(st.nbytes())  # as allocated: the allocator's rounding applies in the timeline
         self._category.append(_RANK[category])
         self._live[key] = (weakref.ref(st, lambda _ref, key=key, rec=rec: self._free(key, rec)), rec)
         return rec
@@ -302,29 +330,56 @@ class Tracker(TorchDispatchMode):
 
     def op_costs(self, start: int = 0, stop: int | None = None) -> OpCosts:
         """The ops recorded from index ``start`` to ``stop`` (see ``n_ops``), each with weight 1, merged."""
-        sl = slice(start, stop)
-        return OpCosts.combine(OpCosts(
-            flops=np.asarray(self._op_flops[sl], dtype=np.float64),
-            bytes=np.asarray(self._op_bytes[sl], dtype=np.float64),
-            kind=np.asarray(self._op_kind[sl], dtype=np.int8), phase=np.asarray(self._op_phase[sl], dtype=np.int8),
-            count=np.ones(len(self._op_flops[sl]))))
+        return self.op_rows()[start:stop].costs()
+
+    def op_rows(self) -> OpRows:
+        """Every op recorded so far, in order, unmerged."""
+        return OpRows(flops=np.asarray(self._op_flops, dtype=np.int64),
+                      bytes=np.asarray(self._op_bytes, dtype=np.int64),
+                      kind=np.asarray(self._op_kind, dtype=np.int8), phase=np.asarray(self._op_phase, dtype=np.int8))
 
     @property
     def n_ops(self) -> int:
         return len(self._op_flops)
 
+    def storages(self) -> Storages:
+        """Every storage seen so far: when it was allocated and freed, its category and size."""
+        return Storages(born=np.asarray(self._born, dtype=np.int64), died=np.asarray(self._died, dtype=np.int64),
+                        category=np.asarray(self._category, dtype=np.int64),
+                        nbytes=np.asarray(self._bytes, dtype=np.int64), round_bytes=self.round_bytes)
+
     def timeline(self) -> np.ndarray:
         """Live bytes, shape (samples, len(CATEGORIES)); storages that predate the first sample count from it."""
-        n = len(self.labels)
+        return self.storages().timeline(len(self.labels))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Storages:
+    """The storages of a recorded step, one row each: what the timeline sums, kept so that captures at two
+    batch sizes can predict a third storage by storage (each one's size affine in the batch, then rounded)."""
+
+    born: np.ndarray = field(repr=False)  # the sample that allocated it (the first, if it predates them)
+    died: np.ndarray = field(repr=False)  # the sample whose op freed it; -1: alive at the end
+    category: np.ndarray = field(repr=False)  # rank in _RANK (its strongest tag)
+    nbytes: np.ndarray = field(repr=False)  # int64, as allocated (before the allocator's rounding)
+    round_bytes: int = ALLOCATOR_ROUND_BYTES
+
+    def same_lives(self, other: Storages) -> bool:
+        """The same storages, allocated and freed at the same samples, in the same categories."""
+        return (self.round_bytes == other.round_bytes and np.array_equal(self.born, other.born)
+                and np.array_equal(self.died, other.died) and np.array_equal(self.category, other.category))
+
+    def timeline(self, n: int) -> np.ndarray:
+        """Live bytes over ``n`` samples, shape (n, len(CATEGORIES))."""
         delta = np.zeros((n + 1, len(_RANK)), dtype=np.int64)
-        born = np.minimum(np.asarray(self._born, dtype=np.int64), n)
-        died = np.asarray(self._died, dtype=np.int64)
-        died = np.where(died < 0, n, died)
-        cat = np.asarray(self._category, dtype=np.int64)
-        size = np.asarray(self._bytes, dtype=np.int64)
+        born = np.minimum(self.born, n)
+        died = np.where(self.died < 0, n, self.died)
+        size = self.nbytes
+        if self.round_bytes:
+            size = -(-size // self.round_bytes) * self.round_bytes
         keep = born < died
-        np.add.at(delta, (born[keep], cat[keep]), size[keep])
-        np.add.at(delta, (died[keep], cat[keep]), -size[keep])
+        np.add.at(delta, (born[keep], self.category[keep]), size[keep])
+        np.add.at(delta, (died[keep], self.category[keep]), -size[keep])
         by_rank = np.cumsum(delta, axis=0)[:n]
-        order = [ _RANK[c] for c in CATEGORIES]
+        order = [_RANK[c] for c in CATEGORIES]
         return by_rank[:, order]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning.capture import Capture, capture
-from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, extrapolate_blocks
+from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.tracker import OpCosts
 
@@ -31,6 +31,37 @@ class Workload:
     batch_model: Timeline | None = field(repr=False)  # affine in the batch, valid from setup.micro_batch (+1 at worst)
     uncosted: dict[str, int]
     captured_blocks: tuple[int, ...] | None  # (2, 3) when a stack of blocks was captured small and scaled
+    # The captures behind it, per block count (2 and 3, or the whole model): at the micro-batch, then those the
+    # batch model came from (b+1, or b+1 and b+2). ``at`` predicts the step at other micro-batches from them.
+    captures: tuple[tuple[Capture, ...], ...] = field(default=(), repr=False, compare=False)
+    n_layer: int | None = None  # the blocks the 2- and 3-block captures were scaled to
+
+    def at(self, micro_batch: int, grad_accum: int) -> Workload | None:
+        """The workload of this step at ``micro_batch`` x ``grad_accum`` without capturing it again: every live
+        byte and every op's FLOPs and bytes affine in the micro-batch (what the batch model already assumes for
+        memory), the forward and backward weighed for ``grad_accum``; without accumulation the first micro-batch
+        of a capture that held two. Equal to ``simulate`` at that setup where the step is affine in the batch (it
+        is for the zoo; tests/test_costs_affine.py). None where the captures cannot say: no batch model, more
+        micro-batches held than captured, a micro-batch below the batch model's, or captures that do not pair."""
+        if not self.captures or self.batch_model is None:
+            return None
+        held = min(grad_accum, 2)
+        if held > min(self.setup.grad_accum, 2):
+            return None
+        setup = replace(self.setup, micro_batch=micro_batch, grad_accum=grad_accum)
+        per_sample = self.tokens_per_step // (self.setup.micro_batch * self.setup.grad_accum)
+        try:
+            groups = []
+            for group in self.captures:
+                if micro_batch != group[0].batch:  # b, b+1 (or b+1, b+2): the pair the batch model came from
+                    a, b = group[-2], group[-1]
+                    if micro_batch < a.batch:
+                        return None
+                    group = (capture_at(a, b, micro_batch), capture_at(a, b, micro_batch + 1))
+                groups.append(tuple((c.first_pass() if held == 1 else c).reweighed(grad_accum) for c in group))
+            return _assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.n_layer)
+        except Misaligned:
+            return None
 
 
 def _alone(c: Capture) -> Timeline:
@@ -38,21 +69,31 @@ def _alone(c: Capture) -> Timeline:
                     end_of_forward=c.end_of_forward)
 
 
-def _timelines(
-    source, setup: Setup, n_layer: int | None, batch_model: bool
-) -> tuple[Capture, Timeline, Timeline | None]:
-    """The capture at the batch, its timeline, and the batch model: captures at b and b+1 share their op
-    sequence except where an op takes another path at batch 1 (ViT's class token); then b+1 and b+2 give it."""
+def _captures(source, setup: Setup, n_layer: int | None, batch_model: bool) -> tuple[Capture, ...]:
+    """The capture at the batch and, for the batch model, at b+1; where an op takes another path at batch 1
+    (ViT's class token) the captures at b and b+1 do not pair, and b+2 is captured too."""
     b = setup.micro_batch
     c = capture(source, setup, batch=b, n_layer=n_layer)
     if not batch_model:
-        return c, _alone(c), None
+        return (c,)
     c1 = capture(source, setup, batch=b + 1, n_layer=n_layer)
     try:
-        tl = batch_affine(c, c1)
-        return c, tl, tl
+        batch_affine(c, c1)
+        return c, c1
     except Misaligned:
-        return c, _alone(c), batch_affine(c1, capture(source, setup, batch=b + 2, n_layer=n_layer))
+        return c, c1, capture(source, setup, batch=b + 2, n_layer=n_layer)
+
+
+def _timelines(group: tuple[Capture, ...]) -> tuple[Capture, Timeline, Timeline | None]:
+    """The capture at the batch, its timeline, and the batch model: captures at b and b+1 share their op
+    sequence except where an op takes another path at batch 1; then b+1 and b+2 give it."""
+    c = group[0]
+    if len(group) == 1:
+        return c, _alone(c), None
+    if len(group) == 2:
+        tl = batch_affine(c, group[1])
+        return c, tl, tl
+    return c, _alone(c), batch_affine(group[1], group[2])
 
 
 def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
@@ -74,36 +115,46 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     n_layer = source.n_layer
     tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum
     if n_layer is not None and n_layer > 3:
-        c2, t2, m2 = _timelines(source, setup, 2, batch_model)
-        c3, t3, m3 = _timelines(source, setup, 3, batch_model)
+        groups = [_captures(source, setup, n, batch_model) for n in (2, 3)]
         try:
-            timeline = extrapolate_blocks(t2, t3, n_layer)
-            model = None
-            if batch_model:
-                model = timeline if m2 is t2 and m3 is t3 else extrapolate_blocks(m2, m3, n_layer)
-            k = n_layer - 2
-
-            def lin(x2: int, x3: int) -> int:
-                return x2 + k * (x3 - x2)
-
-            return Workload(
-                model=source.name, setup=setup, params=lin(c2.params, c3.params),
-                trainable_params=lin(c2.trainable_params, c3.trainable_params), block_bytes=c3.block_bytes,
-                block_trainable_params=c3.block_trainable_params,
-                flops_per_step=lin(c2.flops_per_step, c3.flops_per_step),
-                bytes_per_step=lin(c2.bytes_per_step, c3.bytes_per_step), tokens_per_step=tokens,
-                costs=OpCosts.combine(c2.costs.scaled(1 - k), c3.costs.scaled(k)),
-                timeline=timeline, batch_model=model,
-                uncosted={op: lin(c2.uncosted.get(op, 0), c3.uncosted.get(op, 0))
-                          for op in {**c2.uncosted, **c3.uncosted}},
-                captured_blocks=(2, 3),
-            )
+            return _assemble(source.name, setup, tokens, groups, n_layer)
         except Misaligned:
             pass  # not a clean stack of identical blocks: capture the whole model
-    c, timeline, model = _timelines(source, setup, None, batch_model)
+    return _assemble(source.name, setup, tokens, [_captures(source, setup, None, batch_model)], None)
+
+
+def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, ...]], n_layer: int | None
+              ) -> Workload:
+    """The workload from its captures: one group for the whole model, or two (2 and 3 blocks) scaled to
+    ``n_layer`` blocks. Misaligned if the 3-block capture is not the 2-block one plus a block."""
+    if n_layer is None:
+        c, timeline, model = _timelines(groups[0])
+        return Workload(
+            model=name, setup=setup, params=c.params, trainable_params=c.trainable_params,
+            block_bytes=c.block_bytes, block_trainable_params=c.block_trainable_params,
+            flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step, costs=c.costs,
+            tokens_per_step=tokens, timeline=timeline, batch_model=model, uncosted=c.uncosted, captured_blocks=None,
+            captures=tuple(groups),
+        )
+    (c2, t2, m2), (c3, t3, m3) = (_timelines(g) for g in groups)
+    timeline = extrapolate_blocks(t2, t3, n_layer)
+    model = None
+    if m2 is not None:
+        model = timeline if m2 is t2 and m3 is t3 else extrapolate_blocks(m2, m3, n_layer)
+    k = n_layer - 2
+
+    def lin(x2: int, x3: int) -> int:
+        return x2 + k * (x3 - x2)
+
     return Workload(
-        model=source.name, setup=setup, params=c.params, trainable_params=c.trainable_params,
-        block_bytes=c.block_bytes, block_trainable_params=c.block_trainable_params,
-        flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step, costs=c.costs,
-        tokens_per_step=tokens, timeline=timeline, batch_model=model, uncosted=c.uncosted, captured_blocks=None,
+        model=name, setup=setup, params=lin(c2.params, c3.params),
+        trainable_params=lin(c2.trainable_params, c3.trainable_params), block_bytes=c3.block_bytes,
+        block_trainable_params=c3.block_trainable_params,
+        flops_per_step=lin(c2.flops_per_step, c3.flops_per_step),
+        bytes_per_step=lin(c2.bytes_per_step, c3.bytes_per_step), tokens_per_step=tokens,
+        costs=OpCosts.combine(c2.costs.scaled(1 - k), c3.costs.scaled(k)),
+        timeline=timeline, batch_model=model,
+        uncosted={op: lin(c2.uncosted.get(op, 0), c3.uncosted.get(op, 0))
+                  for op in {**c2.uncosted, **c3.uncosted}},
+        captured_blocks=(2, 3), captures=tuple(groups), n_layer=n_layer,
     )
