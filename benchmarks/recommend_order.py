@@ -8,8 +8,11 @@ the ones whose measured gap is over 25%, which a user would notice).
 Training: Lambda's deep-learning benchmarks (lambdal/deeplearning-benchmark, NVIDIA DeepLearningExamples in NGC
 pytorch:22.09+, 1 GPU, AMP), the per-GPU batch of each GPU's memory template
 (pytorch/scripts/config_v1/config_pytorch_{24,40,48,80}GB.sh). Predicted by costmodel.step_time on the step
-captured at that batch. No Lambda point was used to fit costmodel.EFFICIENCY (fitted on planner-anchors #5, #6,
-#13: torchtitan and nanoGPT runs), so every training point is held out.
+captured at that batch. Fitting split, chosen before the fit: costmodel.POWER (the TFLOPS per watt a board's
+silicon sustains, one per memory class x architecture) is fitted on ONE power-capped board per key of the BERT-large
+table (FIT: a10, rtx-6000-ada, a100-40gb-pcie, h100-pcie), marked "fit"; the other five BERT boards and every
+ResNet-50 point are held out. costmodel.EFFICIENCY's matmul share is fitted on planner-anchors #5, #6, #13
+(benchmarks/speed_validation.py), no Lambda point.
 
 Decode: llama.cpp llama-bench, LLaMA 3 8B, tg1024 (XiongjieDai/GPU-Benchmarks-on-LLM-Inference, RunPod, May 2024),
 predicted by serving.decode_time at the mean context 512. serving.DECODE was fitted on the 3090, 4090, A6000
@@ -77,12 +80,12 @@ BERT_LARGE = Workload(
     points=(
         Point("rtx-3090", 52, batch=28),
         Point("rtx-4090", 93, batch=28),
-        Point("a10", 42, batch=28, note=_BS24),
+        Point("a10", 42, batch=28, fit=True, note=_BS24),
         Point("rtx-a6000", 68, batch=64),
-        Point("rtx-6000-ada", 79, batch=64),
-        Point("a100-40gb-pcie", 117, batch=48),
+        Point("rtx-6000-ada", 79, batch=64, fit=True),
+        Point("a100-40gb-pcie", 117, batch=48, fit=True),
         Point("a100-80gb-sxm", 152, batch=112),
-        Point("h100-pcie", 203, batch=112),
+        Point("h100-pcie", 203, batch=112, fit=True),
         Point("h100-sxm", 301, batch=112, note=_BS80 + "; Lambda's own row (Dell/SMC/1CC rows: 307-311)"),
     ),
 )
@@ -120,6 +123,9 @@ LLAMA3_F16 = Workload(
     ),
 )
 WORKLOADS = (BERT_LARGE, RESNET50, LLAMA3_Q4, LLAMA3_F16)
+# costmodel.POWER key -> the BERT-large board it is fitted on (one power-capped board each)
+FIT = {("HBM", "Ampere"): "a100-40gb-pcie", ("GDDR", "Ampere"): "a10", ("GDDR", "Ada"): "rtx-6000-ada",
+       ("HBM", "Hopper"): "h100-pcie"}
 LLAMA3_8B = dict(params=8.03e9, layers=32, kv_heads=8, heads=32, head_dim=128)
 
 
@@ -203,8 +209,27 @@ def report(s: Score) -> None:
     print(f"  held out ({len(held)}): median |error| {statistics.median(held):.1%}, worst {max(held):.1%}")
 
 
+def fit_power(key: tuple[str, str]) -> float:
+    """The TFLOPS/W of costmodel.POWER[key] minimising |error| on its FIT board (0.10 .. 2.00 in steps of 0.01)."""
+    point = next(p for p in BERT_LARGE.points if p.gpu == FIT[key])
+    old = costmodel.POWER[key]
+    best = None
+    try:
+        for e in [x / 100 for x in range(10, 201)]:
+            costmodel.POWER[key] = dataclasses.replace(old, value=e)
+            err = abs(predict(BERT_LARGE, point) / point.measured - 1)
+            if best is None or err < best[0] - 1e-12:
+                best = (err, e)
+    finally:
+        costmodel.POWER[key] = old
+    return best[1]
+
+
 def main() -> int:
     t0 = time.perf_counter()
+    for key, gpu in FIT.items():
+        print(f"fitted POWER{key} on BERT-large {gpu}: {fit_power(key):.2f} TFLOPS/W "
+              f"(table: {costmodel.POWER[key].value})")
     scores = [score(w) for w in WORKLOADS]
     for s in scores:
         report(s)

@@ -46,17 +46,22 @@ def test_the_order_of_gpus_is_the_measured_one(scores, name):
     assert len(s.wrong_pairs) <= 4  # of 36, and only close ones (next test)
 
 
-@pytest.mark.parametrize("name", [ro.BERT_LARGE.name, ro.LLAMA3_Q4.name])
+@pytest.mark.parametrize("name", [ro.BERT_LARGE.name, ro.RESNET50.name, ro.LLAMA3_Q4.name])
 def test_no_noticeable_pair_is_ordered_wrongly(scores, name):
     assert scores[name].noticeable == []
 
 
+@pytest.mark.parametrize("name", [ro.BERT_LARGE.name, ro.RESNET50.name])
+def test_training_order_is_the_measured_one_exactly(scores, name):
+    """With the power cap (costmodel.POWER) no pair of the nine GPUs is ordered wrongly; for ResNet-50 none of its
+    points was fitted on, for BERT-large four were (their order is partly fitted)."""
+    assert scores[name].wrong_pairs == ()
+
+
 @pytest.mark.xfail(strict=True, reason=(
-    "ResNet-50: measured rtx-3090 42% faster than the 150 W a10, predicted the other way (datasheet rate, no power "
-    "cap); LLaMA 3 F16: measured h100-pcie 27% faster than a100-80gb-sxm, one HBM decode fit for both"))
-@pytest.mark.parametrize("name", [ro.RESNET50.name, ro.LLAMA3_F16.name])
-def test_no_noticeable_pair_is_ordered_wrongly_known_gaps(scores, name):
-    assert scores[name].noticeable == []
+    "LLaMA 3 F16: measured h100-pcie 27% faster than a100-80gb-sxm, one HBM decode fit (A100 only) for both"))
+def test_no_noticeable_pair_is_ordered_wrongly_known_gaps(scores):
+    assert scores[ro.LLAMA3_F16.name].noticeable == []
 
 
 @pytest.mark.parametrize("name", [ro.LLAMA3_Q4.name, ro.LLAMA3_F16.name])
@@ -66,10 +71,18 @@ def test_decode_error_budget_on_held_out_gpus(scores, name):
     assert statistics.median(held) <= 0.25 and max(held) <= 0.40
 
 
+def test_bert_large_error_budget_on_held_out_gpus(scores):
+    """costmodel.POWER fitted on a10, rtx-6000-ada, a100-40gb-pcie, h100-pcie; the other five held out: median
+    14.7%, worst +26.0% (h100-sxm) in benchmarks/RESULTS.md."""
+    held = scores[ro.BERT_LARGE.name].held_out_errors()
+    assert len(held) == 5
+    assert statistics.median(held) <= 0.20 and max(held) <= 0.32
+
+
 @pytest.mark.xfail(strict=True, reason=(
-    "Lambda training, all held out: BERT-large median 29%, worst +83% (rtx-6000-ada at its 364 TFLOPS datasheet, "
-    "300 W); ResNet-50 median 65%, worst +124% (h100-sxm: convolutions costed at the GEMM efficiency)"))
-@pytest.mark.parametrize("name", [ro.BERT_LARGE.name, ro.RESNET50.name])
-def test_training_error_budget_on_held_out_gpus(scores, name):
-    held = scores[name].held_out_errors()
+    "ResNet-50, all held out: median 44%, worst +119% (h100-sxm), +61..+119% on every HBM GPU: predicted "
+    "memory-bound at the assumed HBM share 0.80; the share that fits it (~0.31) sends nanoGPT (anchor 13) to -28%, "
+    "and the captured op costs carry no op family (conv vs GEMM, batch norm vs fused elementwise) to split it by"))
+def test_resnet50_error_budget_on_held_out_gpus(scores):
+    held = scores[ro.RESNET50.name].held_out_errors()
     assert statistics.median(held) <= 0.25 and max(held) <= 0.40

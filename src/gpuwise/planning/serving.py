@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.costmodel import COPY_CEILING, GEMM_CEILING, Efficiency, efficiency, memory_class
+from gpuwise.planning.costmodel import COPY_CEILING, GEMM_CEILING, Efficiency, clock_share, efficiency, memory_class
 
 # Bytes per weight of weight-only quantisation. int4 / nf4 carry scales: GPTQ/AWQ group 128 with an fp16 scale
 # (+ 4-bit zero) ~0.52; bitsandbytes NF4 with double quantisation 4.127 bits (Dettmers et al. 2023, QLoRA §2);
@@ -126,6 +126,8 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     fit = DECODE[cls]
     eta_bw = min(1.0, fit.eta / COPY_CEILING) if measured_bw else fit.eta
     key, tflops, measured = _rate(acc, calibration)
+    if tflops and not measured:  # the clock the board holds at its power (costmodel.POWER)
+        tflops *= clock_share(acc)[0]
     mm: Efficiency = efficiency("matmul", acc)
     eta_c = min(1.0, mm.value / GEMM_CEILING) if measured else mm.value
     active_weights = weights * active / params
