@@ -244,3 +244,27 @@ def test_ascend_is_ranked_unless_the_user_asks_for_cuda_only():
     assert "ascend-910b" in {o.gpu for o in anyone.rows} | {o.gpu for o in anyone.excluded}
     cuda = recommend(src, setup, goal, Constraints(max_gpus=1, ecosystem="cuda"), catalog=cat)
     assert {o.gpu for o in cuda.rows} | {o.gpu for o in cuda.excluded} == {"a100-80gb-sxm"}
+
+
+def test_the_plot_draws_time_against_cost_to_a_png(capsys, tmp_path):
+    png = tmp_path / "rank.png"
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "128", "--batch", "8", "--tokens", "1e8",
+                             "--gpu", "rtx-4090,h100-sxm", "--max-gpus", "2", "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"drawn to {png}" in out
+
+
+def test_the_guide_is_the_engines_own_ranking_of_each_job():
+    """With no workload: each job's picks are the extremes of the same ranking (not typed in)."""
+    from gpuwise.planning.recommend import guide
+
+    cat = _catalog("rtx-4090", "h100-sxm", "coral-edge-tpu", "jetson-agx-orin")
+    g = guide(catalog=cat)
+    assert len(g.scenarios) == 6
+    learn, *_, serve70, edge = g.scenarios
+    assert learn.fastest is not None and learn.fastest.gpu == "h100-sxm"
+    assert learn.cheapest is not None and learn.cheapest.rent_usd <= learn.fastest.rent_usd
+    assert serve70.fastest.gpu == "h100-sxm" and serve70.fastest.step_time_s <= 0.04  # the 4090s cannot hold 70B
+    assert edge.most_per_joule.gpu == "coral-edge-tpu"
+    for s in g.scenarios:
+        assert s.command.startswith("gpuwise recommend --model ")
