@@ -26,11 +26,11 @@ from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import SEGMENTS, Accelerator, Catalog, load_catalog
 from gpuwise.planning.costmodel import step_time
-from gpuwise.planning.fit import fit_on, max_micro_batch
+from gpuwise.planning.fit import OVERHEAD_BYTES, fit_on, max_micro_batch
 from gpuwise.planning.plan import Planner
 from gpuwise.planning.setup import MAX_ACCUM, Setup
-from gpuwise.planning.sharding import PerGpu
-from gpuwise.planning.tracker import PHASES
+from gpuwise.planning.sharding import PerGpu, per_gpu
+from gpuwise.planning.tracker import CATEGORIES, PHASES
 from gpuwise.precision import PRECISIONS, default_precision, same_bytes
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -189,6 +189,12 @@ class Recommendation:
 
 # -- the search over settings ---------------------------------------------------------------------------------
 
+def _states_bytes(step: PerGpu) -> float:
+    """The most the weights, gradients and optimizer states hold at once: what no checkpointing can free."""
+    cols = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
+    return float(step.live[:, cols].sum(axis=1).max())
+
+
 def _divisor_at_most(n: int, limit: int) -> int:
     return next((m for m in range(min(limit, n), 0, -1) if n % m == 0), 0)
 
@@ -226,6 +232,7 @@ class _Search:
     sharding: str | None
     checkpointing_given: bool
     calibrations: Mapping[str, Calibration]
+    _steps: dict[Setup, PerGpu | None] = field(default_factory=dict)  # runs costed from the probes' captures
 
     def best(self, acc: Accelerator, n: int, precision: str):
         """The first setup of ``n`` x ``acc`` that fits, in the remedies' order (DDP, then with checkpointing,
@@ -233,12 +240,17 @@ class _Search:
         batch; with its PerGpu and StepTime. Or (None, why not)."""
         per_gpu = self.setup.batch // n
         reason = "does not fit even with checkpointing, micro-batch 1 and FSDP"
+        hopeless: set[str] = set()  # shardings whose weights, gradients and optimizer states alone do not fit
         for sharding, ckpt in _variants(self.setup, n, self.sharding, self.checkpointing_given):
+            if sharding in hopeless:
+                continue  # checkpointing frees activations, not states: no capture needed to know
             probe = replace(self.setup, micro_batch=1, grad_accum=min(per_gpu, 2), gpus=n, sharding=sharding,
                             checkpointing=ckpt, precision=same_bytes(precision))
             try:
-                step = self.planner.per_gpu(probe, batch_model=True)
+                step = self._probe(probe)
                 micro = _divisor_at_most(per_gpu, max_micro_batch(step, acc))
+                if micro == 0 and _states_bytes(step) + OVERHEAD_BYTES > acc.memory_bytes:
+                    hopeless.add(sharding)
                 if micro == 0 or per_gpu // micro > MAX_ACCUM:
                     continue
                 exact = self._captured(probe, micro, per_gpu // micro)
@@ -258,9 +270,29 @@ class _Search:
             return (exact.setup, exact, t), None
         return None, reason
 
+    def _at(self, probe: Setup, micro: int, accum: int) -> PerGpu | None:
+        """The step at ``micro`` x ``accum`` from the captures of ``probe`` with two micro-batches held, without
+        capturing it (``Workload.at``: equal to a capture where the step is affine in the batch); None where
+        those captures cannot tell."""
+        run = replace(probe, micro_batch=micro, grad_accum=accum)
+        if run not in self._steps:
+            w = self.planner.workload(replace(probe, grad_accum=2), batch_model=True).at(micro, accum)
+            self._steps[run] = None if w is None else per_gpu(w, run)
+        return self._steps[run]
+
+    def _probe(self, probe: Setup) -> PerGpu:
+        """The probe at micro-batch 1 with its batch model; one sample per GPU (no accumulation) is cut out of the
+        probe with two, which the smaller counts captured."""
+        if probe.grad_accum == 1 and (step := self._at(probe, 1, 1)) is not None and step.batch_model is not None:
+            return step
+        return self.planner.per_gpu(probe, batch_model=True)
+
     def _captured(self, probe: Setup, micro: int, accum: int) -> PerGpu:
-        """The step at ``micro`` x ``accum``: captured with at most two micro-batches (what accumulation holds in
-        memory does not grow after the second), the forward and backward costs then weighed for ``accum``."""
+        """The step at ``micro`` x ``accum``: from the probe's captures where they tell (they do for the zoo), else
+        captured with at most two micro-batches (what accumulation holds in memory does not grow after the
+        second), the forward and backward costs then weighed for ``accum``."""
+        if (step := self._at(probe, micro, accum)) is not None:
+            return step
         held = min(accum, 2)
         step = self.planner.per_gpu(replace(probe, micro_batch=micro, grad_accum=held))
         if held == accum:
@@ -726,20 +758,23 @@ def guide(*, catalog: Catalog | None = None, calibrations: Mapping[str, Calibrat
     kw = {"catalog": catalog, "calibrations": calibrations}
     c = Constraints()
     jobs = [
-        ("learn: GPT-2 (124M) on 1B tokens", "--model gpt2 --seq 1024 --batch 32 --tokens 1e9",
+        ("learn: GPT-2 (124M) on 1B tokens within a day", "--model gpt2 --seq 1024 --batch 32 --tokens 1e9 "
+         "--deadline 1d",
          lambda: recommend(resolve_source("gpt2", None), Setup.for_batch(batch=32, micro_batch=32, seq=1024),
-                           Goal(tokens=1e9), c, **kw)),
-        ("LoRA fine-tune of a 7B model, 50M tokens",
-         "--model llama2-7b --task finetune-lora --seq 2048 --batch 16 --tokens 5e7",
+                           Goal(tokens=1e9), replace(c, deadline_s=86400), **kw)),
+        ("LoRA fine-tune of a 7B model, 50M tokens within a day",
+         "--model llama2-7b --task finetune-lora --seq 2048 --batch 16 --tokens 5e7 --deadline 1d",
          lambda: recommend(resolve_source("llama2-7b", None), Setup.for_batch(
-             batch=16, micro_batch=16, seq=2048, task="finetune-lora"), Goal(tokens=5e7), c, **kw)),
-        ("full fine-tune of a 7B model, 1B tokens", "--model llama2-7b --seq 2048 --batch 64 --tokens 1e9",
+             batch=16, micro_batch=16, seq=2048, task="finetune-lora"), Goal(tokens=5e7), replace(c, deadline_s=86400),
+             **kw)),
+        ("full fine-tune of a 7B model, 1B tokens within 3 days",
+         "--model llama2-7b --seq 2048 --batch 64 --tokens 1e9 --deadline 3d",
          lambda: recommend(resolve_source("llama2-7b", None), Setup.for_batch(batch=64, micro_batch=64, seq=2048),
-                           Goal(tokens=1e9), c, **kw)),
-        ("pre-train an 8B model on 1T tokens",
-         "--model llama3-8b --seq 8192 --batch 512 --tokens 1e12 --max-gpus 512",
+                           Goal(tokens=1e9), replace(c, deadline_s=3 * 86400), **kw)),
+        ("pre-train an 8B model on 1T tokens within 30 days",
+         "--model llama3-8b --seq 8192 --batch 512 --tokens 1e12 --max-gpus 512 --deadline 30d",
          lambda: recommend(resolve_source("llama3-8b", None), Setup.for_batch(batch=512, micro_batch=512, seq=8192),
-                           Goal(tokens=1e12), replace(c, max_gpus=512), **kw)),
+                           Goal(tokens=1e12), replace(c, max_gpus=512, deadline_s=30 * 86400), **kw)),
         ("serve a 70B model to 100 users (TTFT <= 450 ms, TPOT <= 40 ms)",
          "--model llama2-70b --serve --concurrency 100 --ttft-ms 450 --tpot-ms 40",
          lambda: serve(resolve_source("llama2-70b", None), Traffic(concurrency=100, ttft_s=0.45, tpot_s=0.04), c,
