@@ -268,3 +268,34 @@ def test_the_guide_is_the_engines_own_ranking_of_each_job():
     assert edge.most_per_joule.gpu == "coral-edge-tpu"
     for s in g.scenarios:
         assert s.command.startswith("gpuwise recommend --model ")
+
+
+def test_learning_on_a_3060_or_a_4060_ti_is_the_known_trade_off():
+    """Both hold a small GPT; the 4060 Ti's tensor cores train it faster, the 3060's wider bus (360 vs 288 GB/s)
+    decodes faster: the split the buying guides describe."""
+    from gpuwise.planning.recommend import Traffic, recommend, serve
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import resolve_source
+
+    cat = _catalog("rtx-3060-12gb", "rtx-4060-ti-16gb")
+    train = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=512), Goal(tokens=1e8),
+                      Constraints(max_gpus=1), catalog=cat)
+    t = {o.gpu: o for o in train.rows}
+    assert set(t) == {"rtx-3060-12gb", "rtx-4060-ti-16gb"}
+    assert t["rtx-4060-ti-16gb"].throughput > t["rtx-3060-12gb"].throughput
+    decode = {o.gpu: o for o in serve(resolve_source("llama3.2-1b", None), Traffic(), Constraints(max_gpus=1),
+                                      catalog=cat).rows}
+    assert decode["rtx-3060-12gb"].per_user > decode["rtx-4060-ti-16gb"].per_user
+
+
+def test_lora_and_qlora_of_a_7b_model_fit_one_4090():
+    from gpuwise.planning.recommend import recommend
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import resolve_source
+
+    for qlora in (False, True):
+        setup = Setup.for_batch(batch=8, micro_batch=8, seq=1024, task="finetune-lora", qlora=qlora)
+        r = recommend(resolve_source("llama2-7b", None), setup, Goal(tokens=1e7), Constraints(max_gpus=1),
+                      catalog=_catalog("rtx-4090"))
+        (row,) = r.rows
+        assert row.count == 1 and row.setup.task == "finetune-lora" and row.setup.qlora == qlora

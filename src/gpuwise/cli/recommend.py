@@ -55,6 +55,7 @@ def recommend(
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp [ddp or fsdp, the faster that "
                                                       "fits].")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
+    qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
     samples: Annotated[float | None, typer.Option(help="The goal in samples (images, sequences).")] = None,
     epochs: Annotated[float | None, typer.Option(help="The goal in epochs of --dataset-size samples.")] = None,
@@ -132,7 +133,7 @@ def recommend(
         _show(result, plot, json_out)
         return
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
-             "sharding": sharding, "lora_rank": lora_rank, "precision": precision}
+             "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None}
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
                             **{k: v for k, v in given.items() if v is not None and k != "sharding"})
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,

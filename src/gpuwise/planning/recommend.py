@@ -376,8 +376,6 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     if not setup.training:
         raise GpuwiseError("recommend ranks training and fine-tuning runs here; serving is not built yet",
                            "pass --task train or --task finetune-lora")
-    if setup.qlora:
-        raise GpuwiseError("recommend does not cost QLoRA's 4-bit base yet", "drop --qlora (plan sizes it)")
     if sharding is not None and sharding not in ("ddp", "zero1", "zero2", "fsdp"):
         raise GpuwiseError(f"--sharding {sharding!r} is not one of ddp, zero1, zero2, fsdp", "pass --sharding fsdp")
     search = _Search(planner=Planner(source), setup=setup, sharding=sharding,
