@@ -129,12 +129,17 @@ def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
 
         raise GpuwiseError("nothing to draw: no row has both a time to the goal and a price",
                            "give a goal (--tokens) and prices (--prices) for the GPUs you consider")
+    from gpuwise.hardware.catalog import SEGMENTS, load_catalog
+
+    catalog = load_catalog()
     fig, ax = plt.subplots(figsize=(9, 6), dpi=120)
-    gpus = sorted({o.gpu for _, _, o in points})
-    cmap = plt.get_cmap("tab20")
-    color = {g: cmap(i % 20) for i, g in enumerate(gpus)}
-    ax.scatter([p[0] for p in points], [p[1] for p in points], s=[12 + 6 * o.count ** 0.5 for _, _, o in points],
-               c=[color[o.gpu] for _, _, o in points], alpha=0.6, linewidths=0)
+    cmap = plt.get_cmap("tab10")
+    for i, segment in enumerate(SEGMENTS):  # one colour a segment; the point grows with the GPU count
+        mine = [p for p in points if (acc := catalog.find(p[2].gpu)) is not None and acc.segment == segment]
+        if mine:
+            ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=[12 + 6 * p[2].count ** 0.5 for p in mine],
+                       color=cmap(i), alpha=0.6, linewidths=0, label=segment)
+    ax.legend(loc="upper right", fontsize=8, title="point size: GPU count", title_fontsize=8)
     front = sorted((p for p in points if p[2].pareto), key=lambda p: p[0])
     ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linewidth=1, marker="o", markersize=4)
     for t, cost, o in front:
