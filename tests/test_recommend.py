@@ -233,7 +233,7 @@ def test_edge_chips_rank_by_work_per_joule_for_a_small_int8_vision_model(capsys)
     assert rows == sorted(rows, key=lambda r: -(r["samples_per_joule"] or 0))
 
 
-def test_ascend_is_ranked_unless_the_user_asks_for_cuda_only():
+def test_ascend_is_listed_unless_the_user_asks_for_cuda_only():
     from gpuwise.planning.recommend import recommend
     from gpuwise.planning.setup import Setup
     from gpuwise.planning.source import resolve_source
@@ -241,7 +241,8 @@ def test_ascend_is_ranked_unless_the_user_asks_for_cuda_only():
     src, setup, goal = resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=128), Goal(tokens=1e8)
     cat = _catalog("ascend-910b", "a100-80gb-sxm")
     anyone = recommend(src, setup, goal, Constraints(max_gpus=1), catalog=cat)
-    assert "ascend-910b" in {o.gpu for o in anyone.rows} | {o.gpu for o in anyone.excluded}
+    (ascend,) = [o for o in anyone.excluded if o.gpu == "ascend-910b"]  # listed, with why it cannot be costed:
+    assert "memory bandwidth" in ascend.excluded  # Huawei publishes no bandwidth figure for the 910B
     cuda = recommend(src, setup, goal, Constraints(max_gpus=1, ecosystem="cuda"), catalog=cat)
     assert {o.gpu for o in cuda.rows} | {o.gpu for o in cuda.excluded} == {"a100-80gb-sxm"}
 
@@ -299,3 +300,39 @@ def test_lora_and_qlora_of_a_7b_model_fit_one_4090():
                       catalog=_catalog("rtx-4090"))
         (row,) = r.rows
         assert row.count == 1 and row.setup.task == "finetune-lora" and row.setup.qlora == qlora
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seq", "64", "--deadline", "3d"], "--deadline is judged against a goal"),
+    (["--seq", "64", "--budget", "100"], "--budget is judged against a goal"),
+    (["--seq", "64", "--tpot-ms", "40"], "--tpot-ms applies to serving"),
+    (["--serve", "--batch", "4"], "--batch does not apply to serving a language model"),
+    (["--serve", "--prompt-tokens", "1000", "--output-tokens", "100"], "1100 is more than gpt2's 1024 positions"),
+    (["--serve", "--vendor", "nvidai"], "unknown --vendor 'nvidai'"),
+    (["--serve", "--ecosystem", "cud"], "unknown --ecosystem 'cud'"),
+])
+def test_limits_without_a_goal_and_flags_of_the_other_mode_are_refused(capsys, args, message):
+    code, _, err = run_cli(capsys, "recommend", "--model", "gpt2", "--gpu", "rtx-4090", *args)
+    assert code == 2 and message in err, err
+
+
+def test_a_prices_file_saved_by_excel_or_not_a_csv_at_all(tmp_path):
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes("gpu,rent_usd_per_hour\nrtx-4090,0.5\n".encode("utf-8-sig"))
+    assert read_prices(bom)[0]["rtx-4090"].usd == 0.5
+    binary = tmp_path / "quotes.xlsx"
+    binary.write_bytes(b"PK\x03\x04\xff\xfe\x00\x00binary")
+    with pytest.raises(GpuwiseError, match="is not a text CSV file"):
+        read_prices(binary)
+
+
+def test_serving_splits_heads_evenly_and_leaves_npus_out_of_decode():
+    from gpuwise.planning.recommend import Traffic, serve
+    from gpuwise.planning.source import resolve_source
+
+    r = serve(resolve_source("gpt2-xl", None), Traffic(concurrency=8), catalog=_catalog("h100-sxm", "apple-ane-m4"))
+    assert {o.count for o in r.rows if o.gpu == "h100-sxm"} == {1}  # 25 heads split over no power of two
+    (ane,) = [o for o in r.excluded if o.gpu == "apple-ane-m4"]
+    assert "int8 graphs only" in ane.excluded
+    for o in r.rows:
+        assert o.per_gpu == pytest.approx(o.throughput / (o.count * o.replicas))

@@ -122,12 +122,17 @@ def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     rent = rec.constraints.mode == "rent"
-    points = [(o.time_to_goal_s / 3600, o.rent_usd if rent else o.buy_usd, o) for o in rec.rows
-              if o.time_to_goal_s is not None and (o.rent_usd if rent else o.buy_usd) is not None]
+    serving = rec.traffic is not None
+    if serving:  # the serving front: time per output token (or per batch) against the fleet's rent per hour
+        points = [(o.step_time_s * 1e3, o.rent_usd_per_hour.usd * o.gpus_total if rent else o.buy_usd, o)
+                  for o in rec.rows if (o.rent_usd_per_hour is not None if rent else o.buy_usd is not None)]
+    else:
+        points = [(o.time_to_goal_s / 3600, o.rent_usd if rent else o.buy_usd, o) for o in rec.rows
+                  if o.time_to_goal_s is not None and (o.rent_usd if rent else o.buy_usd) is not None]
     if not points:
         from gpuwise.errors import GpuwiseError
 
-        raise GpuwiseError("nothing to draw: no row has both a time to the goal and a price",
+        raise GpuwiseError("nothing to draw: no row has both a time and a price",
                            "give a goal (--tokens) and prices (--prices) for the GPUs you consider")
     from gpuwise.hardware.catalog import SEGMENTS, load_catalog
 
@@ -143,12 +148,17 @@ def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
     front = sorted((p for p in points if p[2].pareto), key=lambda p: p[0])
     ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linewidth=1, marker="o", markersize=4)
     for t, cost, o in front:
-        ax.annotate(f"{o.count}x {o.gpu}", (t, cost), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.annotate(f"{o.gpus_total}x {o.gpu}", (t, cost), textcoords="offset points", xytext=(4, 3), fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"hours to {rec.goal.amount:.3g} {rec.unit}")
-    ax.set_ylabel("rent for the job (USD)" if rent else "purchase price of the GPUs (USD)")
-    ax.set_title(f"{rec.model}: {rec.setup.task}, global batch {rec.setup.batch} (line: Pareto front)", fontsize=10)
+    if serving:
+        ax.set_xlabel("ms per output token" if rec.unit == "tokens" else "ms per batch")
+        ax.set_ylabel("rent of every replica (USD per hour)" if rent else "purchase price of the GPUs (USD)")
+    else:
+        ax.set_xlabel(f"hours to {rec.goal.amount:.3g} {rec.unit}")
+        ax.set_ylabel("rent for the job (USD)" if rent else "purchase price of the GPUs (USD)")
+    what = "serving" if serving else f"{rec.setup.task}, global batch {rec.setup.batch}"
+    ax.set_title(f"{rec.model}: {what} (line: Pareto front)", fontsize=10)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     fig.tight_layout()
     with atomic_path(path) as tmp:

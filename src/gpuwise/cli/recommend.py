@@ -51,9 +51,9 @@ def recommend(
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure) "
                                                        "[each GPU's default: bf16 autocast if it has bf16].")] = None,
-    checkpointing: Annotated[str | None, typer.Option(help="none or full [whichever is faster and fits].")] = None,
-    sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp [ddp or fsdp, the faster that "
-                                                      "fits].")] = None,
+    checkpointing: Annotated[str | None, typer.Option(help="none or full [none if it fits, else full].")] = None,
+    sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp [ddp if it fits, else fsdp].")
+                        ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
@@ -107,7 +107,8 @@ def recommend(
     if model is None and hf_config is None:  # no workload: the guide, computed
         from gpuwise.planning.recommend import guide
 
-        if prices or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu, segment, vendor)):
+        if prices or plot or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu, segment,
+                                                          vendor, ecosystem)):
             raise GpuwiseError("goals and filters apply to a workload", "add --model NAME (or --hf-config)")
         _show(guide(catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ))), None, json_out)
         return
@@ -128,10 +129,16 @@ def recommend(
                           tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
                           tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights)
         result = rank_serving(resolve_source(model, hf_config), traffic, constraints, batch=batch or 1,
-                              precision=precision, sort=sort, goal=goal,  # type: ignore[arg-type]
+                              precision=precision, image_size=image_size, sort=sort, goal=goal,  # type: ignore[arg-type]
                               catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
         _show(result, plot, json_out)
         return
+    served = [f for f, v in (("--weights", weights != "bf16"), ("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms),
+                             ("--tokens-per-s", tokens_per_s), ("--concurrency", concurrency != 1),
+                             ("--prompt-tokens", prompt_tokens != 512), ("--output-tokens", output_tokens != 256))
+              if v not in (None, False)]
+    if served:
+        raise GpuwiseError(f"{served[0]} applies to serving", f"add --serve, or drop {served[0]}")
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
              "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None}
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,

@@ -1,9 +1,10 @@
 """Which accelerator, how many, how fast and for how much: every catalog row and GPU count ranked for one workload.
 
 One capture of the step serves every GPU and count (the step is captured on fake tensors, independent of the
-device; sharding and the cost model apply after). For each accelerator and count the engine finds the settings
-that make the step fit (mixed precision the GPU has, activation checkpointing, smaller micro-batches with
-accumulation, FSDP over the same GPUs), keeps the fastest, and prices it: time to the goal, rent, purchase,
+device; sharding and the cost model apply after). For each accelerator and count the engine finds the first
+settings that make the step fit, in the order of plan's remedies (mixed precision the GPU has; DDP, then with
+activation checkpointing, then FSDP over the same GPUs, then FSDP with checkpointing; the largest micro-batch that
+fits, the rest accumulated), and prices it: time to the goal, rent, purchase,
 energy, tokens per joule. Rows that cannot run are kept with the reason.
 
 >>> r = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=64, seq=1024), Goal(tokens=1e9))
@@ -24,7 +25,7 @@ import numpy as np
 
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
-from gpuwise.hardware.catalog import SEGMENTS, Accelerator, Catalog, load_catalog
+from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS, Accelerator, Catalog, load_catalog
 from gpuwise.planning.costmodel import step_time
 from gpuwise.planning.fit import OVERHEAD_BYTES, fit_on, max_micro_batch
 from gpuwise.planning.plan import Planner
@@ -129,6 +130,10 @@ class Constraints:
             raise GpuwiseError(f"--max-gpus {self.max_gpus} is outside 1..{COUNTS[-1]}", "pass e.g. --max-gpus 8")
         if bad := [s for s in self.segments if s not in SEGMENTS]:
             raise GpuwiseError(f"unknown --segment {bad[0]!r}", f"use one of {', '.join(SEGMENTS)}")
+        if bad := [v for v in self.vendors if v.lower() not in {x.lower() for x in VENDORS}]:
+            raise GpuwiseError(f"unknown --vendor {bad[0]!r}", f"use one of {', '.join(VENDORS)}")
+        if self.ecosystem is not None and self.ecosystem not in ECOSYSTEMS:
+            raise GpuwiseError(f"unknown --ecosystem {self.ecosystem!r}", f"use one of {', '.join(ECOSYSTEMS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,7 +172,7 @@ class Option:
 
     @property
     def per_gpu(self) -> float | None:
-        return None if self.throughput is None else self.throughput / self.count
+        return None if self.throughput is None else self.throughput / self.gpus_total
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,17 +317,16 @@ def _rent(acc: Accelerator, c: Constraints) -> Price | None:
         return c.rent[acc.key]
     if acc.cloud_usd_per_hour:
         return Price(usd=acc.cloud_usd_per_hour, source=acc.cloud_price_source or "catalog",
-                     date=getattr(acc, "cloud_price_date", None))
+                     date=acc.cloud_price_date)
     return None
 
 
 def _buy(acc: Accelerator, c: Constraints) -> Price | None:
     if acc.key in c.buy:
         return c.buy[acc.key]
-    street = getattr(acc, "street_price_usd", None)
-    if street:
-        return Price(usd=street, source=getattr(acc, "street_price_source", None) or "catalog",
-                     date=getattr(acc, "street_price_date", None))
+    if acc.street_price_usd:
+        return Price(usd=acc.street_price_usd, source=acc.street_price_source or "catalog",
+                     date=acc.street_price_date)
     if acc.launch_price_usd:
         return Price(usd=acc.launch_price_usd, source="launch price",
                      date=str(acc.launch_year) if acc.launch_year else None)
@@ -337,11 +341,7 @@ def _chosen(acc: Accelerator, c: Constraints) -> bool:
         return False
     if c.vendors and acc.vendor.lower() not in {v.lower() for v in c.vendors}:
         return False
-    return not (c.ecosystem and getattr(acc, "ecosystem", None) not in (None, c.ecosystem))
-
-
-def _node(acc: Accelerator) -> int:
-    return getattr(acc, "node_gpus", None) or 1
+    return not (c.ecosystem and acc.ecosystem != c.ecosystem)
 
 
 def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool) -> list[int]:
@@ -349,7 +349,7 @@ def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool
     with ``beyond_node`` (the model needs it, or --max-gpus asks for it) and only for datacenter parts."""
     top = c.max_gpus or COUNTS[-1]
     if not beyond_node or acc.segment != "datacenter":
-        top = min(top, _node(acc))
+        top = min(top, acc.node_gpus)
     return [n for n in COUNTS if n <= top and setup.batch % n == 0]
 
 
@@ -370,16 +370,17 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
               calibrations: Mapping[str, Calibration] | None = None) -> Recommendation:
     """Rank every catalog accelerator and count for training ``source`` as ``setup`` says (its global batch and
     sequence kept) until ``goal``. ``precision`` None: each GPU's default (bf16 autocast where it has bf16);
-    ``sharding`` None: DDP or FSDP, whichever is faster and fits."""
+    ``sharding`` None: DDP if it fits, else FSDP (plan's remedies' order)."""
     c = constraints or Constraints()
     catalog = catalog or load_catalog()
     if not setup.training:
-        raise GpuwiseError("recommend ranks training and fine-tuning runs here; serving is not built yet",
-                           "pass --task train or --task finetune-lora")
+        raise GpuwiseError("recommend() ranks training and fine-tuning runs; serve() ranks serving",
+                           "pass --serve (or --task infer) on the command line")
     if sharding is not None and sharding not in ("ddp", "zero1", "zero2", "fsdp"):
         raise GpuwiseError(f"--sharding {sharding!r} is not one of ddp, zero1, zero2, fsdp", "pass --sharding fsdp")
     search = _Search(planner=Planner(source), setup=setup, sharding=sharding,
                      checkpointing_given=checkpointing_given, calibrations=calibrations or {})
+    _goal_for_limits(goal, c)
     per_sample = source.tokens(setup)  # tokens per sequence; 1 for images and your own models' samples
     if goal.tokens is not None and per_sample == 1:
         raise GpuwiseError(f"--tokens for {source.name}, whose samples are not token sequences",
@@ -391,7 +392,7 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
         if not _chosen(acc, c):
             continue
         chosen, why = _precision(acc, precision)
-        counts = _counts(acc, setup, c, beyond_node=bool(c.max_gpus and c.max_gpus > _node(acc)))
+        counts = _counts(acc, setup, c, beyond_node=bool(c.max_gpus and c.max_gpus > acc.node_gpus))
         if why is None and not counts:
             why = f"--batch {setup.batch} does not split over {acc.name}'s counts within --max-gpus"
         if why is not None:
@@ -421,6 +422,15 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     return Recommendation(model=source.name, setup=setup, goal=goal, constraints=c,
                           unit=unit, sort=sort,
                           rows=tuple(kept), excluded=tuple(excluded + out))
+
+
+def _goal_for_limits(goal: Goal, c: Constraints, *, serving: bool = False) -> None:
+    """A deadline is on the time to a goal, and so is a rent budget; without a goal neither can be judged."""
+    asks = [f for f, v in (("--deadline", c.deadline_s),
+                           ("--budget", c.budget_usd if c.mode == "rent" and not serving else None)) if v is not None]
+    if asks and goal.amount is None:
+        raise GpuwiseError(f"{asks[0]} is judged against a goal, and none was given",
+                           "add --tokens (or --samples, or --epochs with --dataset-size)")
 
 
 def _try_counts(search: _Search, acc: Accelerator, counts: list[int], precision: str, setup: Setup, goal: Goal,
@@ -486,10 +496,13 @@ def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[
     catalog = catalog or load_catalog()
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")  # Excel's "CSV UTF-8" starts with a byte-order mark
+        rows = list(csv.reader(text.splitlines()))
     except OSError as exc:
         raise GpuwiseError(f"--prices {path}: {exc.strerror or exc}", "pass a readable CSV file") from exc
-    rows = list(csv.reader(text.splitlines()))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise GpuwiseError(f"--prices {path} is not a text CSV file ({type(exc).__name__})",
+                           "save it as CSV (UTF-8): gpu,rent_usd_per_hour,buy_usd[,date]") from exc
     header = [h.strip().lower() for h in rows[0]] if rows else []
     if not header or header[0] != "gpu" or not {"rent_usd_per_hour", "buy_usd"} & set(header):
         raise GpuwiseError(f"--prices {path}: the first line must be gpu,rent_usd_per_hour,buy_usd[,date]",
@@ -526,7 +539,7 @@ def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[
 # -- serving --------------------------------------------------------------------------------------------------
 
 def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, batch: int = 1,
-          precision: str | None = None, sort: SortKey = "cost", goal: Goal | None = None,
+          precision: str | None = None, image_size: int | None = None, sort: SortKey = "cost", goal: Goal | None = None,
           catalog: Catalog | None = None, calibrations: Mapping[str, Calibration] | None = None) -> Recommendation:
     """Rank every accelerator for serving ``source``: a decoder by its decode model (time per output token from
     the bytes each step reads, time to first token from the prompt's FLOPs, sequences per replica from the KV
@@ -536,6 +549,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     c = constraints or Constraints()
     catalog = catalog or load_catalog()
     goal = goal or Goal()
+    _goal_for_limits(goal, c)
     calibrations = calibrations or {}
     dims = getattr(source, "decoder", None)
     rows: list[Option] = []
@@ -544,6 +558,14 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     if dims is not None:
         if goal.samples is not None:
             raise GpuwiseError("a language model's serving goal is in tokens", "pass --tokens")
+        if batch != 1 or precision is not None or image_size is not None:
+            flag = "--batch" if batch != 1 else "--precision" if precision is not None else "--image-size"
+            raise GpuwiseError(f"{flag} does not apply to serving a language model",
+                               f"drop {flag}: --concurrency sets the batch, --weights the storage")
+        limit = source.max_positions
+        if limit is not None and traffic.context > limit:
+            raise GpuwiseError(f"--prompt-tokens + --output-tokens = {traffic.context} is more than {source.name}'s "
+                               f"{limit} positions", f"keep the two under {limit + 1}")
         setup = Setup(task="infer", micro_batch=1, seq=traffic.prompt_tokens, precision="bf16")
         try:
             step = planner.per_gpu(setup)
@@ -564,8 +586,9 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
                                "pass --weights int8 (or bf16) for this model")
         for acc in catalog:
             if _chosen(acc, c):
-                option, why = _serve_step(acc, planner, batch, precision, traffic, c, goal,
-                                          calibrations.get(acc.key))
+                option, why = _serve_step(acc, planner, Setup(task="infer", micro_batch=batch, image_size=image_size,
+                                                              precision=precision or _infer_precision(acc)),
+                                          traffic, c, goal, calibrations.get(acc.key))
                 if option is None:
                     excluded.append(_excluded(acc, 1, why))
                 else:
@@ -601,7 +624,7 @@ MAX_TENSOR_PARALLEL = 8
 
 
 def _powers_within(acc: Accelerator, c: Constraints) -> list[int]:
-    top = min(_node(acc), MAX_TENSOR_PARALLEL, c.max_gpus or COUNTS[-1])
+    top = min(acc.node_gpus, MAX_TENSOR_PARALLEL, c.max_gpus or COUNTS[-1])
     return [n for n in COUNTS if n <= top]
 
 
@@ -618,9 +641,14 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     live = step.live[int(step.live.sum(axis=1).argmax())]
     activations = float(live.sum() - live[CATEGORIES.index("weights")] - live[CATEGORIES.index("kv_cache")])
     mean_context = traffic.prompt_tokens + traffic.output_tokens // 2
+    if not any(acc.peak_tflops.get(k) for k in ("bf16", "fp16", "fp32")):
+        return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
     rows, why = [], "the weights and one sequence's KV cache do not fit even on a full node"
     for n in _powers_within(acc, c):
-        kv_heads = max(1, dims.kv_heads // n)  # tensor parallel splits the KV heads (replicated below one a GPU)
+        if dims.heads % n:
+            why = f"{dims.heads} attention heads do not split over {n} GPUs"
+            continue
+        kv_heads = math.ceil(dims.kv_heads / n)  # tensor parallel splits the KV heads (replicated below one a GPU)
         kv_seq = kv_bytes_per_token(layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim) * traffic.context
         fits = max_concurrency(acc, weight_bytes=weights / n, kv_bytes_per_sequence=kv_seq,
                                activation_bytes=activations)
@@ -669,8 +697,13 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     return rows, why
 
 
-def _serve_step(acc: Accelerator, planner: Planner, batch: int, precision: str | None, traffic: Traffic,
-                c: Constraints, goal: Goal, calibration: Calibration | None) -> tuple[Option | None, str]:
+def _infer_precision(acc: Accelerator) -> str:
+    """Inference holds its weights in the compute dtype: pure bf16 where the chip has it, else fp16."""
+    return "bf16" if acc.peak_tflops.get("bf16") else default_precision(gpu=True, bf16=False)
+
+
+def _serve_step(acc: Accelerator, planner: Planner, setup: Setup, traffic: Traffic, c: Constraints, goal: Goal,
+                calibration: Calibration | None) -> tuple[Option | None, str]:
     """A non-decoder model served one batch at a time on one GPU per replica: the captured inference step."""
     int8 = traffic.weights == "int8"
     sixteen = acc.peak_tflops.get("bf16") or acc.peak_tflops.get("fp16")
@@ -680,9 +713,9 @@ def _serve_step(acc: Accelerator, planner: Planner, batch: int, precision: str |
         int8 = True  # an int8-only chip (Coral, NPUs) runs the model quantised
     if int8 and not acc.peak_tflops.get("int8"):
         return None, "no int8 rate in the catalog"
-    chosen = precision or ("bf16" if acc.peak_tflops.get("bf16") else "fp16-mixed")
+    batch = setup.micro_batch
     try:
-        step = planner.per_gpu(Setup(task="infer", micro_batch=batch, precision=chosen))
+        step = planner.per_gpu(setup)
     except NotApplicable as exc:
         return None, exc.args[0]
     need = step.peak_bytes / (step.setup.compute_dtype.itemsize if int8 else 1)

@@ -63,6 +63,11 @@ class ZooSource:
         return self.zoo.name
 
     @property
+    def max_positions(self) -> int | None:
+        """The longest sequence its learned positions allow (None: rotary or no positions)."""
+        return self.zoo.max_seq
+
+    @property
     def decoder(self) -> Decoder | None:
         """The KV-cache dimensions of a decoder-only language model (None for the others)."""
         c = self.zoo.config
@@ -149,6 +154,7 @@ class FileSource:
     path: Path
     function: str
     decoder = None  # a function's model is a black box: no KV-cache dimensions
+    max_positions = None
 
     @property
     def name(self) -> str:
