@@ -336,3 +336,13 @@ def test_serving_splits_heads_evenly_and_leaves_npus_out_of_decode():
     assert "int8 graphs only" in ane.excluded
     for o in r.rows:
         assert o.per_gpu == pytest.approx(o.throughput / (o.count * o.replicas))
+
+
+@pytest.mark.parametrize("mode", [[], ["--serve"]])
+def test_a_pipe_of_80_columns_folds_names_and_never_cuts_a_figure(capsys, monkeypatch, mode):
+    monkeypatch.setenv("COLUMNS", "80")
+    workload = [] if mode else ["--seq", "128", "--batch", "8", "--tokens", "1e8"]
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", *workload, *mode,
+                             "--gpu", "rtx-4060-ti-16gb,a100-80gb-sxm,h100-sxm", "--max-gpus", "2")
+    assert code == 0, err
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS, Accelerator, Catalog, load_catalog
@@ -31,7 +29,7 @@ from gpuwise.planning.fit import OVERHEAD_BYTES, fit_on, max_micro_batch
 from gpuwise.planning.plan import Planner
 from gpuwise.planning.setup import MAX_ACCUM, Setup
 from gpuwise.planning.sharding import PerGpu, per_gpu
-from gpuwise.planning.tracker import CATEGORIES, PHASES
+from gpuwise.planning.tracker import CATEGORIES
 from gpuwise.precision import PRECISIONS, default_precision, same_bytes
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -294,20 +292,9 @@ class _Search:
 
     def _captured(self, probe: Setup, micro: int, accum: int) -> PerGpu:
         """The step at ``micro`` x ``accum``: from the probe's captures where they tell (they do for the zoo), else
-        captured with at most two micro-batches (what accumulation holds in memory does not grow after the
-        second), the forward and backward costs then weighed for ``accum``."""
-        if (step := self._at(probe, micro, accum)) is not None:
-            return step
-        held = min(accum, 2)
-        step = self.planner.per_gpu(replace(probe, micro_batch=micro, grad_accum=held))
-        if held == accum:
-            return step
-        w, c = step.workload, step.workload.costs
-        weight = np.where(c.phase == PHASES.index("optimizer"), 1.0, accum / held)
-        costs = replace(c, count=c.count * weight)
-        w = replace(w, costs=costs, flops_per_step=int(costs.total_flops), bytes_per_step=int(costs.total_bytes),
-                    tokens_per_step=w.tokens_per_step * accum // held)
-        return replace(step, workload=w, setup=replace(step.setup, grad_accum=accum))
+        captured (the capture holds at most two micro-batches and weighs the rest itself)."""
+        step = self._at(probe, micro, accum)
+        return step if step is not None else self.planner.per_gpu(replace(probe, micro_batch=micro, grad_accum=accum))
 
 
 # -- prices and filters --------------------------------------------------------------------------------------
@@ -354,13 +341,16 @@ def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool
 
 
 def _pareto(rows: list[Option], cost) -> set[int]:
-    """Indices of the rows no other row beats on both time and cost."""
-    front, best_cost = set(), math.inf
-    order = sorted(range(len(rows)), key=lambda i: (rows[i].time_to_goal_s, cost(rows[i])))
-    for i in order:
-        if cost(rows[i]) < best_cost:
+    """Indices of the rows no other row beats on both time and cost (equal rows are both on the front)."""
+    front: set[int] = set()
+    best: tuple[float, float] | None = None  # (time, cost) of the cheapest row so far, in order of time
+    for i in sorted(range(len(rows)), key=lambda i: (rows[i].time_to_goal_s, cost(rows[i]))):
+        point = (rows[i].time_to_goal_s, cost(rows[i]))
+        if point[1] == math.inf:
+            continue
+        if best is None or point[1] < best[1] or point == best:
             front.add(i)
-            best_cost = cost(rows[i])
+            best = point
     return front
 
 

@@ -58,6 +58,19 @@ def _shown(r: Recommendation) -> list[Option]:
     return top + [o for o in r.rows[SHOWN:] if o.pareto]
 
 
+def _fill(table: Table, columns: list[tuple[str, str]], rows: list[tuple[str, ...]], fold: tuple[str, ...]) -> None:
+    """Add the columns and rows; a narrow terminal or a pipe (80 columns) folds the ``fold`` columns (names,
+    settings) onto more lines and never cuts a figure: every other column keeps its widest cell."""
+    for k, (name, justify) in enumerate(columns):
+        if name in fold:
+            table.add_column(name, justify=justify, overflow="fold")
+        else:
+            width = max([len(name), *(len(row[k]) for row in rows)])
+            table.add_column(name, justify=justify, no_wrap=True, min_width=width)
+    for row in rows:
+        table.add_row(*row)
+
+
 def _serving(r: Recommendation, console: Console) -> None:
     t = r.traffic
     decoder = r.unit == "tokens"
@@ -69,21 +82,21 @@ def _serving(r: Recommendation, console: Console) -> None:
     table = Table(title=f"{r.model} · serve {demand} · {what}{' · ' + slo if slo else ''} · ranked by {r.sort}",
                   box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     u = "tok" if decoder else "img"
-    cols = [("", "left"), ("gpu", "left"), ("GPUs", "right"), (f"{u}/s/user" if decoder else "latency", "right"),
+    cols = [("", "left"), ("gpu", "left"), ("GPUs", "right"), ("per user" if decoder else "latency", "right"),
             (f"{u}/s", "right"), ("TTFT" if decoder else "batch", "right"), ("seqs" if decoder else "reps", "right"),
             ("$/h" if r.constraints.mode == "rent" else "buy", "right"), (f"$/M{u}", "right"), (f"{u}/J", "right")]
-    for name, justify in cols:
-        table.add_column(name, justify=justify, no_wrap=True)
+    rows = []
     for o in _shown(r):
         fleet = o.rent_usd_per_hour.usd * o.gpus_total if o.rent_usd_per_hour is not None else None
         per_m = None if fleet is None else fleet / (o.throughput * 3600) * 1e6
         gpus = f"{o.replicas}x{o.count}" if o.count > 1 else str(o.gpus_total)
-        table.add_row("*" if o.pareto else "", o.gpu, gpus,
-                      f"{o.per_user:.3g}" if decoder else f"{o.step_time_s * 1e3:.3g}ms",
-                      _rate(o.throughput), f"{o.ttft_s * 1e3:.3g}ms" if decoder else str(r.setup.micro_batch),
-                      _num(o.max_concurrency) if decoder else str(o.replicas),
-                      _usd(fleet) if r.constraints.mode == "rent" else _usd(o.buy_usd), _usd(per_m),
-                      _num(o.per_joule, ".3g"))
+        rows.append(("*" if o.pareto else "", o.gpu, gpus,
+                     f"{o.per_user:.3g}" if decoder else f"{o.step_time_s * 1e3:.3g}ms",
+                     _rate(o.throughput), f"{o.ttft_s * 1e3:.3g}ms" if decoder else str(r.setup.micro_batch),
+                     _num(o.max_concurrency) if decoder else str(o.replicas),
+                     _usd(fleet) if r.constraints.mode == "rent" else _usd(o.buy_usd), _usd(per_m),
+                     _num(o.per_joule, ".3g")))
+    _fill(table, cols, rows, fold=("gpu",))
     console.print(table)
     notes = (["*: on the Pareto front of latency (time per output token) against cost. GPUs: replicas x GPUs per "
               "replica (tensor parallel); seqs: sequences one replica's KV cache holds at the full context (vLLM's "
@@ -123,16 +136,17 @@ def render_recommend(r: Recommendation, console: Console) -> None:
     cost_col = "rent" if r.constraints.mode == "rent" else "buy"
     table = Table(title=f"{r.model} · {r.setup.task} · global batch {r.setup.batch} · goal {goal} · "
                         f"ranked by {r.sort}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for name, justify in (("", "left"), ("gpu", "left"), ("n", "right"), (f"{r.unit}/s", "right"),
-                          ("MFU", "right"), ("time", "right"), (cost_col, "right"), ("kWh", "right"),
-                          (f"{r.unit}/J", "right"), ("settings", "left")):
-        table.add_column(name, justify=justify, no_wrap=True)
+    u = "tok" if r.unit == "tokens" else "smp"
+    cols = [("", "left"), ("gpu", "left"), ("n", "right"), (f"{u}/s", "right"), ("MFU", "right"), ("time", "right"),
+            (cost_col, "right"), ("kWh", "right"), (f"{u}/J", "right"), ("settings", "left")]
+    rows = []
     for o in _shown(r):
         cost = o.rent_usd if r.constraints.mode == "rent" else o.buy_usd
-        table.add_row("*" if o.pareto else "", o.gpu, str(o.count), _rate(o.throughput),
-                      _num(None if o.mfu is None else o.mfu * 100, ".0f") + ("%" if o.mfu is not None else ""),
-                      _duration(o.time_to_goal_s), _usd(cost), _num(o.energy_kwh, ".3g"), _num(o.per_joule, ".3g"),
-                      _settings(o))
+        rows.append(("*" if o.pareto else "", o.gpu, str(o.count), _rate(o.throughput),
+                     _num(None if o.mfu is None else o.mfu * 100, ".0f") + ("%" if o.mfu is not None else ""),
+                     _duration(o.time_to_goal_s), _usd(cost), _num(o.energy_kwh, ".3g"), _num(o.per_joule, ".3g"),
+                     _settings(o)))
+    _fill(table, cols, rows, fold=("gpu", "settings"))
     console.print(table)
     more = len(r.rows) - len(_shown(r))
     notes = ["*: on the time-cost Pareto front (nothing else is both faster and cheaper)."]
