@@ -121,7 +121,7 @@ def test_plans_use_calibrated_rates_and_say_so(capsys, tmp_path, monkeypatch):
     assert fit["step_time_s"] == pytest.approx(max(before["flops_per_step"] / (h100.peak_tflops.bf16 * 1e12),
                                                    before["bytes_per_step"] / (h100.memory_bandwidth_gbps * 1e9)))
     folder = tmp_path / "gpuwise"
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)  # the capture cache may have made it
     (folder / "calibration.json").write_text(json.dumps(
         {"h100-sxm": {"device": "h100-sxm", "tflops": {"bf16": 10.0}, "gbps": 100.0}}))
     code, out, _ = run(capsys, *args)

@@ -172,6 +172,11 @@ def test_json_has_the_fields_the_issue_names(capsys):
     assert set(row) >= {"gpu", "count", "fits", "flags", "step_time_s", "tokens_per_s", "mfu", "time_to_goal_s",
                         "rent_usd", "buy_usd", "energy_kwh", "tokens_per_joule", "pareto", "basis", "excluded"}
     assert {r["count"] for r in data["rows"]} == {1, 2}
+    # --gpus (the issue's spelling) is --gpu: the same filter, any catalog name or alias
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "128", "--batch", "8", "--tokens",
+                             "1e8", "--gpus", "RTX 4090, h100", "--max-gpus", "1", "--json")
+    assert code == 0, err
+    assert {r["gpu"] for r in json.loads(out)["rows"]} == {"rtx-4090", "h100-sxm"}
 
 
 def test_an_inference_chip_is_left_out_of_training_with_the_reason(capsys):
@@ -346,3 +351,15 @@ def test_a_pipe_of_80_columns_folds_names_and_never_cuts_a_figure(capsys, monkey
                              "--gpu", "rtx-4060-ti-16gb,a100-80gb-sxm,h100-sxm", "--max-gpus", "2")
     assert code == 0, err
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_counts_the_global_batch_does_not_split_over_are_named_not_dropped_silently(capsys):
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "64", "--batch", "12", "--tokens",
+                             "1e7", "--gpu", "h100-sxm")
+    assert code == 0, err
+    assert "not tried: 8 GPUs, which --batch 12 does not split over evenly (--batch 16 does)." in " ".join(out.split())
+    code, out, err = run_cli(capsys, "recommend", "--model", "gpt2", "--seq", "64", "--batch", "12", "--tokens",
+                             "1e7", "--gpu", "h100-sxm", "--json")
+    data = json.loads(out)
+    assert data["uneven_counts"] == [8]
+    assert sorted(r["count"] for r in data["rows"] if r["fits"]) == [1, 2, 4]

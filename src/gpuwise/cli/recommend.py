@@ -64,7 +64,8 @@ def recommend(
     buy: Annotated[bool, typer.Option("--buy/--rent", help="Cost by purchase price instead of rent.")] = False,
     deadline: Annotated[str | None, typer.Option(help="Longest time to the goal, e.g. 36h, 3d.")] = None,
     max_gpus: Annotated[int | None, typer.Option(help="The most GPUs to use.")] = None,
-    gpu: Annotated[str | None, typer.Option(help="Only these catalog GPUs, comma-separated.")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", "--gpus", help="Only these catalog GPUs, comma-separated.")
+                   ] = None,
     segment: Annotated[str | None, typer.Option(help="Only consumer, workstation, datacenter or edge.")] = None,
     vendor: Annotated[str | None, typer.Option(help="Only these vendors, comma-separated.")] = None,
     ecosystem: Annotated[str | None, typer.Option(help="Only GPUs PyTorch runs on with this stack, e.g. cuda "

@@ -184,6 +184,7 @@ class Recommendation:
     rows: tuple[Option, ...]  # ranked, fastest (or cheapest) first
     excluded: tuple[Option, ...]
     traffic: Traffic | None = None  # serving: what the replicas must sustain
+    uneven_counts: tuple[int, ...] = ()  # GPU counts in range not tried: the global batch does not split over them
 
     @property
     def best(self) -> Option | None:
@@ -331,13 +332,14 @@ def _chosen(acc: Accelerator, c: Constraints) -> bool:
     return not (c.ecosystem and acc.ecosystem != c.ecosystem)
 
 
-def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool) -> list[int]:
-    """The GPU counts to try: powers of two the global batch splits over, within --max-gpus; past one node only
-    with ``beyond_node`` (the model needs it, or --max-gpus asks for it) and only for datacenter parts."""
+def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool, even: bool = True) -> list[int]:
+    """The GPU counts to try: powers of two the global batch splits over (``even=False``: those it does not),
+    within --max-gpus; past one node only with ``beyond_node`` (the model needs it, or --max-gpus asks for it)
+    and only for datacenter parts."""
     top = c.max_gpus or COUNTS[-1]
     if not beyond_node or acc.segment != "datacenter":
         top = min(top, acc.node_gpus)
-    return [n for n in COUNTS if n <= top and setup.batch % n == 0]
+    return [n for n in COUNTS if n <= top and (setup.batch % n == 0) == even]
 
 
 def _pareto(rows: list[Option], cost) -> set[int]:
@@ -378,11 +380,15 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     unit = "tokens" if per_sample > 1 and goal.samples is None else "samples"
     rows: list[Option] = []
     excluded: list[Option] = []
+    uneven: set[int] = set()
     for acc in catalog:
         if not _chosen(acc, c):
             continue
         chosen, why = _precision(acc, precision)
-        counts = _counts(acc, setup, c, beyond_node=bool(c.max_gpus and c.max_gpus > acc.node_gpus))
+        beyond = bool(c.max_gpus and c.max_gpus > acc.node_gpus)
+        counts = _counts(acc, setup, c, beyond_node=beyond)
+        if why is None:
+            uneven.update(_counts(acc, setup, c, beyond_node=beyond, even=False))
         if why is None and not counts:
             why = f"--batch {setup.batch} does not split over {acc.name}'s counts within --max-gpus"
         if why is not None:
@@ -411,7 +417,7 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     kept.sort(key=key)
     return Recommendation(model=source.name, setup=setup, goal=goal, constraints=c,
                           unit=unit, sort=sort,
-                          rows=tuple(kept), excluded=tuple(excluded + out))
+                          rows=tuple(kept), excluded=tuple(excluded + out), uneven_counts=tuple(sorted(uneven)))
 
 
 def _goal_for_limits(goal: Goal, c: Constraints, *, serving: bool = False) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+import gpuwise.planning.capture_cache as capture_cache
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning.capture import Capture, capture
 from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
@@ -69,19 +70,30 @@ def _alone(c: Capture) -> Timeline:
                     end_of_forward=c.end_of_forward)
 
 
+def _capture(source, setup: Setup, *, batch: int, n_layer: int | None) -> Capture:
+    """``capture``, read from the disk cache where this model and setup were captured before (capture_cache)."""
+    name = capture_cache.key(source, setup, batch, n_layer)
+    hit = capture_cache.load(name)
+    if isinstance(hit, Capture) and hit.batch == batch:
+        return hit
+    c = capture(source, setup, batch=batch, n_layer=n_layer)
+    capture_cache.store(name, c)
+    return c
+
+
 def _captures(source, setup: Setup, n_layer: int | None, batch_model: bool) -> tuple[Capture, ...]:
     """The capture at the batch and, for the batch model, at b+1; where an op takes another path at batch 1
     (ViT's class token) the captures at b and b+1 do not pair, and b+2 is captured too."""
     b = setup.micro_batch
-    c = capture(source, setup, batch=b, n_layer=n_layer)
+    c = _capture(source, setup, batch=b, n_layer=n_layer)
     if not batch_model:
         return (c,)
-    c1 = capture(source, setup, batch=b + 1, n_layer=n_layer)
+    c1 = _capture(source, setup, batch=b + 1, n_layer=n_layer)
     try:
         batch_affine(c, c1)
         return c, c1
     except Misaligned:
-        return c, c1, capture(source, setup, batch=b + 2, n_layer=n_layer)
+        return c, c1, _capture(source, setup, batch=b + 2, n_layer=n_layer)
 
 
 def _timelines(group: tuple[Capture, ...]) -> tuple[Capture, Timeline, Timeline | None]:

@@ -161,6 +161,11 @@ def render_recommend(r: Recommendation, console: Console) -> None:
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
             p = r.best.rent_usd_per_hour
             notes.append(f"its price: ${p.usd:.2f}/GPU-hour, {p.source}" + (f" ({p.date})" if p.date else ""))
+    if r.uneven_counts:
+        n = r.uneven_counts
+        fit = next(b for b in range(r.setup.batch, r.setup.batch * n[-1] + 1) if all(b % k == 0 for k in n))
+        notes.append(f"not tried: {', '.join(map(str, n))} GPUs, which --batch {r.setup.batch} does not split over "
+                     f"evenly (--batch {fit} does).")
     console.print("\n".join(notes))
     _left_out(r, console)
 
@@ -179,7 +184,7 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
 
     return {"workload": {"model": r.model, "setup": to_jsonable(r.setup)},
             "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort, "traffic": to_jsonable(r.traffic),
-            "constraints": to_jsonable(r.constraints),
+            "constraints": to_jsonable(r.constraints), "uneven_counts": list(r.uneven_counts),
             "rows": [row(o) for o in r.rows] + [row(o) for o in r.excluded]}
 
 

@@ -1,0 +1,106 @@
+"""Captures kept on disk: read back equal to a fresh capture, never for a user's file, never failing a command."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuwise.planning import Setup, capture_cache
+from gpuwise.planning import workload as workload_module
+from gpuwise.planning.source import resolve_source
+from gpuwise.planning.workload import simulate
+
+SETUP = Setup(micro_batch=2, seq=64)
+
+
+@pytest.fixture
+def captures(monkeypatch):
+    """Counts the captures that really run (not read back from the cache)."""
+    calls = []
+    real = workload_module.capture
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(workload_module, "capture", counted)
+    return calls
+
+
+def _same(a, b) -> None:
+    assert (a.params, a.flops_per_step, a.bytes_per_step, a.tokens_per_step) == (
+        b.params, b.flops_per_step, b.bytes_per_step, b.tokens_per_step)
+    assert np.array_equal(a.timeline.base, b.timeline.base) and np.array_equal(a.batch_model.slope,
+                                                                               b.batch_model.slope)
+    assert a.costs.total_flops == b.costs.total_flops and a.costs.total_bytes == b.costs.total_bytes
+    assert a.uncosted == b.uncosted
+
+
+def test_a_second_simulation_reads_every_capture_back_and_equals_the_first(captures):
+    source = resolve_source("gpt2", None)
+    first = simulate(source, SETUP)
+    n = len(captures)
+    assert n == 4  # 2 and 3 blocks, each at the batch and at batch + 1
+    again = simulate(source, SETUP)
+    assert len(captures) == n  # nothing captured again
+    _same(first, again)
+    assert len(list(capture_cache.folder().glob("*.pkl"))) == n
+
+
+def test_another_setup_or_model_is_another_entry(captures):
+    simulate(resolve_source("gpt2", None), SETUP)
+    simulate(resolve_source("gpt2", None), Setup(micro_batch=2, seq=32))
+    simulate(resolve_source("llama3.2-1b", None), SETUP)
+    assert len(captures) == 12
+
+
+def test_the_cache_is_off_with_gpuwise_cache_off(captures, monkeypatch):
+    monkeypatch.setenv("GPUWISE_CACHE", "off")
+    simulate(resolve_source("gpt2", None), SETUP)
+    simulate(resolve_source("gpt2", None), SETUP)
+    assert len(captures) == 8
+    assert capture_cache.folder() is None
+
+
+def test_a_damaged_entry_is_captured_again_and_replaced(captures):
+    source = resolve_source("gpt2", None)
+    first = simulate(source, SETUP)
+    files = sorted(capture_cache.folder().glob("*.pkl"))
+    files[0].write_bytes(b"not a pickle")
+    files[1].write_bytes(files[1].read_bytes()[:100])  # cut short, as a full disk would leave it
+    again = simulate(source, SETUP)
+    assert len(captures) == 6
+    _same(first, again)
+    assert len(list(capture_cache.folder().glob("*.pkl"))) == 4
+
+
+def test_a_folder_that_cannot_be_written_costs_the_cache_not_the_command(captures, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    w = simulate(resolve_source("gpt2", None), SETUP)
+    assert w.params > 0 and len(captures) == 4
+
+
+def test_a_users_own_model_file_is_never_kept(captures, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text("import torch\n\ndef build(batch):\n"
+                    "    return torch.nn.Linear(8, 8), torch.randn(batch, 8)\n")
+    source = resolve_source(f"{path}:build", None)
+    simulate(source, Setup(micro_batch=2))
+    simulate(source, Setup(micro_batch=2))
+    assert len(captures) == 4
+    assert not (capture_cache.folder().exists() and any(capture_cache.folder().iterdir()))
+
+
+def test_the_key_follows_gpuwises_own_code(monkeypatch):
+    source = resolve_source("gpt2", None)
+    before = capture_cache.key(source, SETUP, 2, 2)
+    monkeypatch.setattr(capture_cache, "_code_fingerprint", lambda: "another version")
+    assert capture_cache.key(source, SETUP, 2, 2) != before
+
+
+def test_the_folder_is_trimmed_to_the_most_recently_used(captures, monkeypatch):
+    monkeypatch.setattr(capture_cache, "MAX_FILES", 3)
+    simulate(resolve_source("gpt2", None), SETUP)
+    assert len(list(capture_cache.folder().glob("*.pkl"))) == 3
