@@ -1,0 +1,708 @@
+"""NvmlReader against a fake NVML: every field, its units, each query failing alone, NVLink and GPM over intervals.
+
+``FakeNvml`` stands in for the ``pynvml`` module (gpustat tests its NVML plumbing the same way, by stubbing each
+call per handle): the same function names and constants, per-device state in NVML's own units, any function made to
+raise the fake's ``NVMLError`` or to be missing, and a stream of states to step through read by read. It returns
+pynvml's real ctypes structs where the reader touches a struct's fields (field values, GPM metrics), and answers
+field values by scopeId the way nvml.h says real NVML does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import sys
+from collections import Counter
+from types import SimpleNamespace
+from typing import ClassVar
+
+import pynvml
+import pytest
+
+from gpuwise.monitor.nvml import CLOCK_REASONS, THROTTLING, NvmlReader, decode_clock_reasons, open_nvml
+from gpuwise.monitor.samples import DeviceSample
+
+NOT_SUPPORTED, NO_PERMISSION, TIMEOUT, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST = 3, 4, 10, 12, 13, 15
+UINT_MAX = 0xFFFFFFFF
+
+
+class FakeNVMLError(Exception):
+    """pynvml.NVMLError's shape: an error code in ``.value``."""
+
+    _TEXT: ClassVar[dict[int, str]] = {
+        NOT_SUPPORTED: "Not Supported", NO_PERMISSION: "Insufficient Permissions", TIMEOUT: "Timeout",
+        LIBRARY_NOT_FOUND: "NVML Shared Library Not Found", FUNCTION_NOT_FOUND: "Function Not Found",
+        GPU_IS_LOST: "GPU is lost", 2: "Invalid Argument"}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self._TEXT.get(self.value, f"NVML Error with code {self.value}")
+
+
+def _api(fn):
+    """Counts the call, then raises the error the test asked this function for, if any."""
+
+    @functools.wraps(fn)
+    def call(self, *args):
+        self.calls[fn.__name__] += 1
+        if fn.__name__ in self.failing:
+            raise self.NVMLError(self.failing[fn.__name__])
+        return fn(self, *args)
+
+    call.is_api = True
+    return call
+
+
+def h100(**changes) -> dict:
+    """An H100 SXM under load, in NVML's raw units (mW, mJ, KB/s, KiB counters per link, MHz, C)."""
+    state = dict(
+        name="NVIDIA H100 80GB HBM3", util_gpu=97, util_mem=41,
+        mem_total=85_520_809_984, mem_used=61_203_283_968,
+        processes=[(4242, 40_000_000_000), (4243, 12_000_000_000), (777, 9_000_000_000)],
+        power_mw=612_345, power_limit_mw=700_000, energy_mj=987_654_321,
+        clock_sm=1_755, clock_mem=2_619, clock_sm_max=1_980, clock_mem_max=2_619,
+        reasons=0x4 | 0x20, temp=71, temp_slowdown=87,
+        pcie_tx_kb=1_536, pcie_rx_kb=262_144,
+        nvlink_tx_kib=[1_000_000 * (link + 1) for link in range(18)],
+        nvlink_rx_kib=[2_000_000 * (link + 1) for link in range(18)],
+        nvlink_aggregate=True,  # the driver answers scopeId UINT_MAX with the sum over links
+        gpm_supported=True, gpm={2: 83.5, 3: 41.25, 5: 62.0, 10: 55.5},
+    )
+    state.update(changes)
+    return state
+
+
+class FakeNvml:
+    """A stand-in for the pynvml module over a list of device states."""
+
+    NVMLError = FakeNVMLError
+    NVML_ERROR_NOT_SUPPORTED = NOT_SUPPORTED
+    NVML_ERROR_NO_PERMISSION = NO_PERMISSION
+    NVML_ERROR_FUNCTION_NOT_FOUND = FUNCTION_NOT_FOUND
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+    NVML_TEMPERATURE_GPU = 0
+    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+    NVML_NVLINK_MAX_LINKS = 18
+    NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_SM_OCCUPANCY = 2, 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL, NVML_GPM_METRIC_DRAM_BW_UTIL = 5, 10
+    NVML_GPM_METRICS_GET_VERSION = 1
+    c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t  # the real ctypes struct: its field names are checked
+
+    def __init__(self, devices: list[dict] | None = None, *, stream: list[list[dict]] | None = None,
+                 missing: set[str] = frozenset(), init_error: int | None = None) -> None:
+        self.devices = [dict(d) for d in (devices if devices is not None else [h100()])]
+        self.stream = list(stream or [])  # per read: one dict of changes per device
+        self.missing = set(missing)
+        self.init_error = init_error
+        self.failing: dict[str, int] = {}  # function name -> the NVML error code it raises
+        self.calls: Counter[str] = Counter()
+        self.inits = self.shutdowns = 0
+        self.samples: dict[int, dict | None] = {}  # live GPM samples by address -> what they captured
+        self.freed: list[int] = []
+        self.gpm_history: list[tuple[int, int, dict]] = []  # (device, sequence number, its GPM state) per sample
+        self._seq = 0
+
+    def __getattribute__(self, name: str):
+        if name in object.__getattribute__(self, "missing"):
+            raise AttributeError(name)  # an older binding without this function
+        return object.__getattribute__(self, name)
+
+    # -- test controls --------------------------------------------------------------------------------------
+
+    def fail(self, name: str, code: int = NOT_SUPPORTED) -> FakeNvml:
+        self.failing[name] = code
+        return self
+
+    def step(self) -> None:
+        """The next state of the stream: NVML's answers move on."""
+        for device, changes in zip(self.devices, self.stream.pop(0), strict=True):
+            device.update(changes)
+
+    @classmethod
+    def api_names(cls) -> list[str]:
+        return sorted(n for n, v in vars(cls).items() if getattr(v, "is_api", False))
+
+    def _dev(self, handle) -> dict:
+        assert isinstance(handle, SimpleNamespace), f"not a handle: {handle!r}"  # never a bare index
+        return self.devices[handle.index]
+
+    # -- pynvml's functions ---------------------------------------------------------------------------------
+
+    @_api
+    def nvmlInit(self):
+        if self.init_error is not None:
+            raise self.NVMLError(self.init_error)
+        self.inits += 1
+
+    @_api
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    @_api
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
+
+    @_api
+    def nvmlDeviceGetHandleByIndex(self, index):
+        if not 0 <= index < len(self.devices):
+            raise self.NVMLError(2)
+        if self.devices[index].get("lost"):
+            raise self.NVMLError(GPU_IS_LOST)
+        return SimpleNamespace(index=index)
+
+    @_api
+    def nvmlDeviceGetName(self, h):
+        return self._dev(h)["name"]
+
+    @_api
+    def nvmlDeviceGetUtilizationRates(self, h):
+        d = self._dev(h)
+        return SimpleNamespace(gpu=d["util_gpu"], memory=d["util_mem"])
+
+    @_api
+    def nvmlDeviceGetMemoryInfo(self, h):
+        d = self._dev(h)
+        return SimpleNamespace(total=d["mem_total"], used=d["mem_used"], free=d["mem_total"] - d["mem_used"])
+
+    @_api
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self._dev(h)["processes"]]
+
+    @_api
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._dev(h)["power_mw"]
+
+    @_api
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._dev(h)["power_limit_mw"]
+
+    @_api
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return self._dev(h)["energy_mj"]
+
+    @_api
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        return self._dev(h)[{self.NVML_CLOCK_SM: "clock_sm", self.NVML_CLOCK_MEM: "clock_mem"}[clock]]
+
+    @_api
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):
+        return self._dev(h)[{self.NVML_CLOCK_SM: "clock_sm_max", self.NVML_CLOCK_MEM: "clock_mem_max"}[clock]]
+
+    @_api
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._dev(h)["reasons"]
+
+    @_api
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        return self._dev(h)["reasons"]
+
+    @_api
+    def nvmlDeviceGetTemperatureV(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._dev(h)["temp"]
+
+    @_api
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return self._dev(h)["temp"]
+
+    @_api
+    def nvmlDeviceGetTemperatureThreshold(self, h, threshold):
+        assert threshold == self.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        return self._dev(h)["temp_slowdown"]
+
+    @_api
+    def nvmlDeviceGetPcieThroughput(self, h, counter):
+        return self._dev(h)[{self.NVML_PCIE_UTIL_TX_BYTES: "pcie_tx_kb", self.NVML_PCIE_UTIL_RX_BYTES: "pcie_rx_kb"}[
+            counter]]
+
+    @_api
+    def nvmlDeviceGetFieldValues(self, h, field_ids):
+        """As pynvml builds it: a ``(fieldId, scopeId)`` tuple sets the scope, a bare id leaves scope 0 (link 0).
+        NVLink counters answer per link, or summed for scope UINT_MAX; an error goes in each value's nvmlReturn."""
+        d = self._dev(h)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for v, field_id in zip(values, field_ids, strict=True):
+            try:
+                v.fieldId, v.scopeId = field_id
+            except TypeError:
+                v.fieldId = field_id
+            links = {self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: d["nvlink_tx_kib"],
+                     self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: d["nvlink_rx_kib"]}.get(v.fieldId)
+            v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            if not links or (v.scopeId == UINT_MAX and not d["nvlink_aggregate"]) or (
+                    v.scopeId != UINT_MAX and v.scopeId >= len(links)):
+                v.nvmlReturn = NOT_SUPPORTED
+            else:
+                v.value.ullVal = sum(links) if v.scopeId == UINT_MAX else links[v.scopeId]
+        return values
+
+    @_api
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return SimpleNamespace(version=1, isSupportedDevice=int(self._dev(h)["gpm_supported"]))
+
+    @_api
+    def nvmlGpmSampleAlloc(self):
+        sample = pynvml.c_nvmlGpmSample_t(pynvml.struct_c_nvmlGpmSample_t())
+        self.samples[ctypes.cast(sample, ctypes.c_void_p).value] = None
+        return sample
+
+    @_api
+    def nvmlGpmSampleGet(self, h, sample):
+        address = ctypes.cast(sample, ctypes.c_void_p).value
+        assert address in self.samples, "not a live sample"
+        self._seq += 1
+        self.samples[address] = {"device": h.index, "seq": self._seq}
+        self.gpm_history.append((h.index, self._seq, dict(self._dev(h)["gpm"])))
+        return sample
+
+    @_api
+    def nvmlGpmMetricsGet(self, request):
+        """The metrics over the interval from sample1 to sample2 (of one device, sample1 older): the mean of the
+        device's states at every sample taken in it after sample1, so a stale sample1 shows as a blurred value."""
+        first, second = (self.samples.get(ctypes.cast(s, ctypes.c_void_p).value) for s in (request.sample1,
+                                                                                               request.sample2))
+        if request.version != self.NVML_GPM_METRICS_GET_VERSION or first is None or second is None or \
+                first["device"] != second["device"] or first["seq"] >= second["seq"]:
+            raise self.NVMLError(2)
+        states = [gpm for device, seq, gpm in self.gpm_history
+                  if device == first["device"] and first["seq"] < seq <= second["seq"]]
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            if all(metric.metricId in gpm for gpm in states):
+                metric.value = sum(gpm[metric.metricId] for gpm in states) / len(states)
+                metric.nvmlReturn = 0
+            else:
+                metric.nvmlReturn = NOT_SUPPORTED
+        return request
+
+    @_api
+    def nvmlGpmSampleFree(self, sample):
+        address = ctypes.cast(sample, ctypes.c_void_p).value
+        del self.samples[address]
+        self.freed.append(address)
+
+
+class Clock:
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def two_reads(fake: FakeNvml, pids=None, clock: Clock | None = None) -> tuple[DeviceSample, DeviceSample]:
+    """The first read and the second, 0.5 s later, after every NVLink link moved 2000 KiB out and 3000 KiB in."""
+    clock = clock or Clock()
+    reader = NvmlReader(nvml=fake, clock=clock)
+    (first,) = reader.read(pids)
+    clock.t += 0.5
+    for d in fake.devices:
+        d["nvlink_tx_kib"] = [x + 2_000 for x in d["nvlink_tx_kib"]]
+        d["nvlink_rx_kib"] = [x + 3_000 for x in d["nvlink_rx_kib"]]
+    (second,) = reader.read(pids)
+    reader.close()
+    return first, second
+
+
+FIELDS = [f.name for f in dataclasses.fields(DeviceSample)]
+INTERVAL_FIELDS = {"nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "sm_active_pct", "sm_occupancy_pct",
+                   "tensor_active_pct", "dram_active_pct"}
+
+
+# -- every field, in the right units -----------------------------------------------------------------------------
+
+def test_every_field_read_and_converted():
+    first, second = two_reads(FakeNvml(), pids={4242, 4243})
+    expected = dict(
+        index=0, name="NVIDIA H100 80GB HBM3", util_pct=97.0, mem_util_pct=41.0,
+        memory_used_bytes=61_203_283_968, memory_total_bytes=85_520_809_984,
+        process_memory_bytes=40_000_000_000 + 12_000_000_000,  # pid 777 is not watched
+        power_w=612.345, power_limit_w=700.0, energy_j=987_654.321,  # mW, mW, mJ
+        sm_clock_mhz=1755.0, sm_clock_max_mhz=1980.0, mem_clock_mhz=2619.0, mem_clock_max_mhz=2619.0,
+        clock_reasons=("power cap (software)", "thermal (software)"),  # 0x4 | 0x20
+        temperature_c=71.0, temperature_slowdown_c=87.0,
+        pcie_tx_bytes_per_s=1_536 * 1024.0, pcie_rx_bytes_per_s=262_144 * 1024.0,  # KB/s, NVML's KB = KiB
+        # 18 links x 2000 KiB out, x 3000 KiB in, over 0.5 s
+        nvlink_tx_bytes_per_s=18 * 2_000 * 1024 / 0.5, nvlink_rx_bytes_per_s=18 * 3_000 * 1024 / 0.5,
+        sm_active_pct=83.5, sm_occupancy_pct=41.25, tensor_active_pct=62.0, dram_active_pct=55.5,
+    )
+    assert set(expected) == set(FIELDS)  # a new DeviceSample field must be read and tested here
+    for name, value in expected.items():
+        assert getattr(second, name) == pytest.approx(value), name
+    for name in FIELDS:  # the first read has everything but what needs an interval
+        assert getattr(first, name) == (None if name in INTERVAL_FIELDS else getattr(second, name)), name
+    assert isinstance(second.memory_used_bytes, int) and isinstance(second.process_memory_bytes, int)
+
+
+def test_name_as_bytes_from_an_old_binding_is_text():
+    (sample,) = NvmlReader(nvml=FakeNvml([h100(name=b"Tesla V100-SXM2-16GB")])).read()
+    assert sample.name == "Tesla V100-SXM2-16GB"
+
+
+def test_indices_choose_devices_and_keep_their_nvml_index():
+    fake = FakeNvml([h100(), h100(name="NVIDIA H100 PCIe", power_mw=300_000)])
+    assert [s.name for s in NvmlReader(nvml=fake).read()] == ["NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"]
+    (sample,) = NvmlReader([1], nvml=fake).read()
+    assert (sample.index, sample.name, sample.power_w) == (1, "NVIDIA H100 PCIe", 300.0)
+
+
+# -- one query failing: only its fields go None -------------------------------------------------------------------
+
+GPM = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "dram_active_pct")
+
+
+def gpm_of(samples: tuple[DeviceSample, ...]) -> list[float | None]:
+    (sample,) = samples
+    return [getattr(sample, f) for f in GPM]
+AFFECTS = {
+    "nvmlDeviceGetName": ("name",),
+    "nvmlDeviceGetUtilizationRates": ("util_pct", "mem_util_pct"),
+    "nvmlDeviceGetMemoryInfo": ("memory_used_bytes", "memory_total_bytes"),
+    "nvmlDeviceGetComputeRunningProcesses": ("process_memory_bytes",),
+    "nvmlDeviceGetPowerUsage": ("power_w",),
+    "nvmlDeviceGetEnforcedPowerLimit": ("power_limit_w",),
+    "nvmlDeviceGetTotalEnergyConsumption": ("energy_j",),
+    "nvmlDeviceGetClockInfo": ("sm_clock_mhz", "mem_clock_mhz"),
+    "nvmlDeviceGetMaxClockInfo": ("sm_clock_max_mhz", "mem_clock_max_mhz"),
+    "nvmlDeviceGetCurrentClocksEventReasons": ("clock_reasons",),
+    "nvmlDeviceGetCurrentClocksThrottleReasons": (),  # the older name, asked only where the new one is missing
+    "nvmlDeviceGetTemperatureV": ("temperature_c",),
+    "nvmlDeviceGetTemperature": (),  # likewise
+    "nvmlDeviceGetTemperatureThreshold": ("temperature_slowdown_c",),
+    "nvmlDeviceGetPcieThroughput": ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"),
+    "nvmlDeviceGetFieldValues": ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s"),
+    "nvmlGpmQueryDeviceSupport": GPM,
+    "nvmlGpmSampleAlloc": GPM,
+    "nvmlGpmSampleGet": GPM,
+    "nvmlGpmMetricsGet": GPM,
+    "nvmlGpmSampleFree": (),  # only on close
+}
+
+
+def test_affects_covers_every_per_device_function_of_the_fake():
+    lifecycle = {"nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"}
+    assert set(AFFECTS) == set(FakeNvml.api_names()) - lifecycle
+
+
+@pytest.mark.parametrize("code", [NOT_SUPPORTED, NO_PERMISSION, GPU_IS_LOST])
+@pytest.mark.parametrize("function", sorted(AFFECTS))
+def test_one_failing_query_gives_none_in_exactly_its_fields(function, code):
+    _, baseline = two_reads(FakeNvml(), pids={4242})
+    _, broken = two_reads(FakeNvml().fail(function, code), pids={4242})
+    for name in FIELDS:
+        if name in AFFECTS[function]:
+            assert getattr(broken, name) is None, name
+        else:
+            assert getattr(broken, name) == getattr(baseline, name), name
+            assert getattr(baseline, name) is not None, name
+
+
+@pytest.mark.parametrize("function", sorted(AFFECTS))
+def test_a_function_the_binding_lacks_is_a_none_not_a_crash(function):
+    _, baseline = two_reads(FakeNvml(), pids={4242})
+    _, broken = two_reads(FakeNvml(missing={function}), pids={4242})
+    changed = {name for name in FIELDS if getattr(broken, name) != getattr(baseline, name)}
+    fallbacks = {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTemperatureV"}
+    assert changed == (set() if function in fallbacks else set(AFFECTS[function]))
+
+
+def test_not_supported_is_not_asked_again_but_a_passing_error_is():
+    fake = FakeNvml().fail("nvmlDeviceGetPowerUsage", NOT_SUPPORTED).fail("nvmlDeviceGetTotalEnergyConsumption",
+                                                                          TIMEOUT)
+    reader = NvmlReader(nvml=fake)
+    for _ in range(3):
+        (sample,) = reader.read()
+        assert sample.power_w is None and sample.energy_j is None
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 3
+    del fake.failing["nvmlDeviceGetTotalEnergyConsumption"], fake.failing["nvmlDeviceGetPowerUsage"]
+    (sample,) = reader.read()
+    assert sample.energy_j == pytest.approx(987_654.321) and sample.power_w is None
+
+
+def test_static_facts_are_read_once():
+    fake = FakeNvml()
+    reader = NvmlReader(nvml=fake)
+    for _ in range(4):
+        reader.read()
+    assert fake.calls["nvmlDeviceGetName"] == 1
+    assert fake.calls["nvmlDeviceGetMaxClockInfo"] == 2  # SM and memory
+    assert fake.calls["nvmlDeviceGetTemperatureThreshold"] == 1
+    assert fake.calls["nvmlDeviceGetClockInfo"] == 8  # current clocks: every read
+
+
+@pytest.mark.parametrize("how", ["missing from the binding", "FunctionNotFound from the driver"])
+def test_old_names_stand_in_for_new_ones(how):
+    fake = FakeNvml([h100(reasons=0x40)])
+    new = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTemperatureV")
+    if how == "missing from the binding":
+        fake.missing.update(new)
+    else:
+        for name in new:
+            fake.fail(name, FUNCTION_NOT_FOUND)
+    reader = NvmlReader(nvml=fake)
+    for _ in range(2):
+        (sample,) = reader.read()
+        assert sample.clock_reasons == ("thermal (hardware)",) and sample.temperature_c == 71.0
+    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == fake.calls["nvmlDeviceGetTemperature"] == 2
+    assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] <= 1  # found out once
+
+
+def test_no_clock_reasons_at_all_is_none_and_none_active_is_empty():
+    fake = FakeNvml([h100(reasons=0)], missing={"nvmlDeviceGetCurrentClocksEventReasons"})
+    fake.fail("nvmlDeviceGetCurrentClocksThrottleReasons", NOT_SUPPORTED)
+    assert NvmlReader(nvml=fake).read()[0].clock_reasons is None
+    assert NvmlReader(nvml=FakeNvml([h100(reasons=0)])).read()[0].clock_reasons == ()
+
+
+def test_a_read_is_a_handful_of_calls():
+    fake = FakeNvml()
+    reader = NvmlReader(nvml=fake)
+    reader.read({4242})  # static facts, GPM probe and first sample
+    fake.calls.clear()
+    reader.read({4242})
+    # util, memory, processes, power, limit, energy, 2 clocks, reasons, temperature, 2 PCIe, field values (both
+    # NVLink counters in one call), GPM sample + metrics
+    assert sum(fake.calls.values()) == 15, fake.calls
+    fake.calls.clear()
+    reader.read()  # no pids: the process list is not asked for
+    assert sum(fake.calls.values()) == 14 and "nvmlDeviceGetComputeRunningProcesses" not in fake.calls
+
+
+# -- clock-event reasons -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("bit", "word"), [
+    (0x1, "idle"), (0x2, "applications clocks setting"), (0x4, "power cap (software)"), (0x8, "hardware slowdown"),
+    (0x10, "sync boost"), (0x20, "thermal (software)"), (0x40, "thermal (hardware)"),
+    (0x80, "power brake (hardware)"), (0x100, "display clock setting"), (0x200, "board limit"),
+    (0x400, "reliability"),
+])
+def test_decode_single_bits(bit, word):
+    assert decode_clock_reasons(bit) == (word,)
+
+
+def test_decode_combined_none_and_unknown_bits():
+    assert decode_clock_reasons(0) == ()
+    assert decode_clock_reasons(0x1 | 0x4 | 0x40) == ("idle", "power cap (software)", "thermal (hardware)")
+    assert decode_clock_reasons(0x800) == ("reason 0x800",)
+    assert decode_clock_reasons(0x4 | 0x1000 | 0x800 | 1 << 40) == (
+        "power cap (software)", "reason 0x800", "reason 0x1000", "reason 0x10000000000")
+
+
+def test_the_masks_are_pynvmls():
+    for bit, word in CLOCK_REASONS:
+        names = [n for n in dir(pynvml) if n.startswith(("nvmlClocksEventReason", "nvmlClocksThrottleReason"))
+                 and getattr(pynvml, n) == bit and "UserDefined" not in n]
+        assert names, word
+    assert pynvml.nvmlClocksEventReasonSwPowerCap == 0x4 and pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown == 0x80
+    every = pynvml.nvmlClocksThrottleReasonAll
+    assert "reason" not in " ".join(decode_clock_reasons(every))  # every bit pynvml knows has a word
+
+
+def test_throttling_is_power_heat_and_brakes_only():
+    throttling = {"power cap (software)", "hardware slowdown", "thermal (software)", "thermal (hardware)",
+                  "power brake (hardware)"}
+    assert set(THROTTLING) == throttling
+    for word in ("idle", "applications clocks setting", "sync boost", "display clock setting"):
+        assert word not in THROTTLING
+    assert set(THROTTLING).issubset(word for _, word in CLOCK_REASONS)
+    assert set(decode_clock_reasons(0x1 | 0x2 | 0x10 | 0x100)).isdisjoint(THROTTLING)
+    assert set(decode_clock_reasons(0x1 | 0x8)) & THROTTLING == {"hardware slowdown"}
+
+
+# -- NVLink ----------------------------------------------------------------------------------------------------------
+
+def test_nvlink_rate_from_two_reads_first_none():
+    first, second = two_reads(FakeNvml())
+    assert first.nvlink_tx_bytes_per_s is None and first.nvlink_rx_bytes_per_s is None
+    assert second.nvlink_tx_bytes_per_s == pytest.approx(18 * 2_000 * 1024 / 0.5)  # 73.7 MB/s
+    assert second.nvlink_rx_bytes_per_s == pytest.approx(18 * 3_000 * 1024 / 0.5)
+
+
+def test_nvlink_summed_per_link_where_the_aggregate_scope_is_rejected():
+    fake = FakeNvml([h100(nvlink_aggregate=False)])
+    _, second = two_reads(fake)
+    assert second.nvlink_tx_bytes_per_s == pytest.approx(18 * 2_000 * 1024 / 0.5)
+    assert second.nvlink_rx_bytes_per_s == pytest.approx(18 * 3_000 * 1024 / 0.5)
+    # first read: the aggregate, then the per-link request; second read: per link only
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3
+
+
+def test_the_fake_reads_link_zero_for_a_bare_field_id_like_nvml():
+    fake = FakeNvml()
+    (tx,) = fake.nvmlDeviceGetFieldValues(SimpleNamespace(index=0), [138])
+    assert (tx.scopeId, tx.value.ullVal) == (0, 1_000_000)  # link 0 only: why the reader passes scopes
+
+
+def test_no_nvlink_is_none_and_not_asked_again():
+    fake = FakeNvml([h100(nvlink_tx_kib=[], nvlink_rx_kib=[])])  # a PCIe card: every link answers NotSupported
+    clock = Clock()
+    reader = NvmlReader(nvml=fake, clock=clock)
+    for _ in range(3):
+        clock.t += 1
+        (sample,) = reader.read()
+        assert sample.nvlink_tx_bytes_per_s is None and sample.nvlink_rx_bytes_per_s is None
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # aggregate, then per link, once
+
+
+def test_nvlink_counter_going_back_or_no_time_passing_gives_no_rate():
+    fake = FakeNvml()
+    clock = Clock()
+    reader = NvmlReader(nvml=fake, clock=clock)
+    reader.read()
+    clock.t += 1
+    fake.devices[0]["nvlink_tx_kib"] = [0] * 18  # reset
+    fake.devices[0]["nvlink_rx_kib"] = [x + 1 for x in fake.devices[0]["nvlink_rx_kib"]]
+    (sample,) = reader.read()
+    assert sample.nvlink_tx_bytes_per_s is None and sample.nvlink_rx_bytes_per_s == pytest.approx(18 * 1024)
+    (sample,) = reader.read()  # same instant
+    assert sample.nvlink_tx_bytes_per_s is None and sample.nvlink_rx_bytes_per_s is None
+    clock.t += 2
+    fake.devices[0]["nvlink_tx_kib"] = [5] * 18
+    (sample,) = reader.read()
+    assert sample.nvlink_tx_bytes_per_s == pytest.approx(18 * 5 * 1024 / 2)
+
+
+# -- GPM ---------------------------------------------------------------------------------------------------------------
+
+def test_gpm_percentages_over_each_interval_from_a_stream():
+    stream = [[{"gpm": {2: 20.0, 3: 10.0, 5: 0.0, 10: 80.0}}], [{"gpm": {2: 95.0, 3: 50.0, 5: 90.0, 10: 40.0}}]]
+    fake = FakeNvml(stream=stream)
+    reader = NvmlReader(nvml=fake)
+    assert gpm_of(reader.read()) == [None] * 4  # one sample: no interval yet
+    fake.step()
+    assert gpm_of(reader.read()) == [20.0, 10.0, 0.0, 80.0]
+    fake.step()
+    assert gpm_of(reader.read()) == [95.0, 50.0, 90.0, 40.0]
+    assert fake.calls["nvmlGpmSampleAlloc"] == 2 and fake.calls["nvmlGpmQueryDeviceSupport"] == 1
+    reader.close()
+    assert fake.samples == {} and len(fake.freed) == 2
+
+
+def test_gpm_unsupported_device_is_none_without_samples():
+    fake = FakeNvml([h100(gpm_supported=False)])
+    _, second = two_reads(fake)
+    assert gpm_of((second,)) == [None] * 4
+    assert fake.calls["nvmlGpmSampleAlloc"] == 0 and fake.calls["nvmlGpmQueryDeviceSupport"] == 1
+
+
+def test_gpm_failure_turns_gpm_off_for_good():
+    fake = FakeNvml()
+    reader = NvmlReader(nvml=fake)
+    reader.read()
+    fake.fail("nvmlGpmMetricsGet", GPU_IS_LOST)
+    assert gpm_of(reader.read()) == [None] * 4
+    del fake.failing["nvmlGpmMetricsGet"]
+    for _ in range(3):
+        assert gpm_of(reader.read()) == [None] * 4
+    assert fake.calls["nvmlGpmMetricsGet"] == 1 and fake.calls["nvmlGpmSampleGet"] == 2
+    assert fake.samples == {} and len(fake.freed) == 2  # freed when it failed
+    reader.close()
+    assert len(fake.freed) == 2
+
+
+def test_gpm_metric_missing_alone_is_none_alone():
+    fake = FakeNvml([h100(gpm={2: 70.0, 3: 30.0, 10: 20.0})])  # no tensor metric
+    _, second = two_reads(fake)
+    assert gpm_of((second,)) == [70.0, 30.0, None, 20.0]
+
+
+def test_gpm_on_two_devices_keeps_their_samples_apart():
+    fake = FakeNvml([h100(), h100(gpm={2: 1.0, 3: 2.0, 5: 3.0, 10: 4.0})])
+    reader = NvmlReader(nvml=fake)
+    reader.read()
+    a, b = reader.read()
+    assert (a.sm_active_pct, b.sm_active_pct, b.dram_active_pct) == (83.5, 1.0, 4.0)
+
+
+# -- process memory ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("pids", "processes", "expected"), [
+    (None, [(4242, 40_000_000_000)], None),  # not asked
+    ({4242}, [(4242, 40_000_000_000), (777, 9_000_000_000)], 40_000_000_000),
+    ({4242, 4243}, [(4242, 40_000_000_000), (4243, 12_000_000_000), (777, 9)], 52_000_000_000),
+    ({4242}, [(4242, 1_000), (4242, 2_000)], 3_000),  # one process on two MIG instances
+    ({5}, [(4242, 40_000_000_000)], None),  # not on this GPU, or another pid namespace
+    ({4242}, [(4242, None)], None),  # WDDM: NVML has no per-process figure
+    ({4242, 4243}, [(4242, None), (4243, 7)], 7),
+    ({4242}, [], None),
+])
+def test_process_memory_of_the_watched_pids(pids, processes, expected):
+    fake = FakeNvml([h100(processes=processes)])
+    (sample,) = NvmlReader(nvml=fake).read(pids)
+    assert sample.process_memory_bytes == expected
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == (0 if pids is None else 1)
+
+
+# -- opening and closing -----------------------------------------------------------------------------------------------
+
+def test_open_without_a_driver_gives_a_one_line_reason():
+    fake = FakeNvml(init_error=LIBRARY_NOT_FOUND)
+    reader, why = open_nvml(nvml=fake)
+    assert reader is None and "\n" not in why
+    assert "NVML Shared Library Not Found" in why and fake.shutdowns == 0
+
+
+def test_open_with_the_real_pynvml_never_raises():
+    reader, why = open_nvml()
+    if reader is not None:  # a machine with a GPU and a driver
+        assert why is None
+        assert len(reader.read()) >= 1
+        reader.close()
+        return
+    assert isinstance(why, str) and why and "\n" not in why
+
+
+def test_open_without_nvidia_ml_py(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    reader, why = open_nvml()
+    assert reader is None and "nvidia-ml-py" in why and "\n" not in why
+
+
+def test_open_with_no_gpu_or_a_missing_index_shuts_nvml_down():
+    fake = FakeNvml([])
+    assert open_nvml(nvml=fake) == (None, "NVML sees no GPU")
+    assert fake.inits == fake.shutdowns == 1
+    fake = FakeNvml([h100()])
+    reader, why = open_nvml([0, 3], nvml=fake)
+    assert reader is None and why.startswith("NVML has no GPU 3") and "\n" not in why
+    assert fake.inits == fake.shutdowns == 1
+
+
+def test_a_gpu_that_fell_off_is_skipped_unless_asked_for():
+    fake = FakeNvml([h100(lost=True), h100()])
+    reader, why = open_nvml(nvml=fake)
+    assert why is None and reader.indices == (1,) and reader.skipped == {0: "FakeNVMLError: GPU is lost"}
+    assert open_nvml([0], nvml=fake) == (None, "NVML has no GPU 0 (FakeNVMLError: GPU is lost)")
+    fake.devices = fake.devices[:1]
+    assert open_nvml(nvml=fake) == (None, "NVML sees no GPU it can open (GPU 0: FakeNVMLError: GPU is lost)")
+
+
+def test_open_and_close_idempotent():
+    fake = FakeNvml()
+    reader, why = open_nvml(nvml=fake)
+    assert why is None and reader.indices == (0,)
+    reader.read()
+    reader.read()
+    reader.close()
+    reader.close()
+    assert fake.shutdowns == 1 and fake.calls["nvmlGpmSampleFree"] == 2 and fake.samples == {}
+    assert reader.read() == ()
+    with NvmlReader(nvml=FakeNvml()) as other:
+        assert len(other.read()) == 1
+    assert other.nvml.shutdowns == 1
+
+
+def test_the_fake_speaks_only_pynvmls_names():
+    for name in FakeNvml.api_names() + [n for n in vars(FakeNvml) if n.startswith(("NVML_", "c_nvml"))]:
+        assert hasattr(pynvml, name), name
+    for name in vars(FakeNvml):
+        if name.startswith("NVML_") and name != "NVML_NVLINK_MAX_LINKS":  # 36 in 13.x; 18 links on an H100
+            assert getattr(FakeNvml, name) == getattr(pynvml, name), name
