@@ -24,6 +24,7 @@ LAYERS = (
     {"doctor", "ops", "optim"},
     {"models"},
     {"planning"},
+    {"monitor"},
     {"bench", "training"},
     {"render", "plot"},
     {"cli", "__init__"},

@@ -72,6 +72,11 @@ def train(
         "--log-file: torchrun's own parser takes --log for its --log-dir).")] = None,
     auto: Annotated[bool | None, typer.Option("--auto/--no-auto", help="Let the planner pick the micro-batch that "
                                               f"fits the free memory {_default(TrainOptions, 'auto')}.")] = None,
+    monitor: Annotated[bool, typer.Option("--monitor/--no-monitor", help="Sample the run (GPU counters, host, "
+                                          "the loop's timings) and name its bottleneck at the end [on].")] = True,
+    fix_input: Annotated[bool, typer.Option("--fix-input", help="If the run waits on its data, re-run "
+                                            "a few steps with the loader the diagnosis suggests and show both.")
+                         ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Train with AMP, accumulation, clipping, checkpoints and exact resume; settings from the plan.
@@ -98,7 +103,7 @@ def train(
     chosen = {"example": example, "auto": auto, "task": task}
     options = TrainOptions(model=model, data=data, seq=seq, image_size=image_size, device=device, gpus=n_gpus,
                            fused=fused, workers=workers, checkpoint_dir=checkpoint_dir, resume=resume,
-                           lora_rank=lora_rank, qlora=qlora, config=config,
+                           lora_rank=lora_rank, qlora=qlora, config=config, monitor=monitor,
                            **{k: v for k, v in chosen.items() if v is not None})
     sink = open_log(log) if log else None
     console = Console(stderr=True, highlight=False)
@@ -115,8 +120,19 @@ def train(
         if not json_out:
             progress.note(text)
 
+    if fix_input and not monitor:
+        from gpuwise.errors import GpuwiseError
+
+        raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
     try:
         summary = run_training(options, on_log=on_log, on_event=on_event)
+        if fix_input and Ranks.from_environ(os.environ).world_size == 1:
+            from gpuwise.training.run import fix_input as rerun_input
+
+            on_event(f"--fix-input: the run is {summary.diagnosis.bottleneck}"
+                     + ("; re-running with the suggested loader" if summary.diagnosis.bottleneck == "input-bound"
+                        else ""))
+            summary = dataclasses.replace(summary, input_fix=rerun_input(options, summary, on_event=on_event))
     finally:
         progress.stop()
         if sink:

@@ -59,6 +59,12 @@ PATIENCE = 0.5  # SageMaker CPUBottleneck/IOBottleneck threshold=50 (% of the ti
 # dataset, while the truly input-bound 0-worker case was 0.69-0.73. 0.30 sits above every healthy figure with margin
 # and far below the input-bound one.
 INPUT_WAIT_SHARE = 0.30
+# How many workers a process may be told to start. Loading that burns CPU (decode, augment) gets the cores less one
+# kept for training. Loading that mostly waits (disk, network, a sleep: the process's CPU time during the wait, or
+# each worker's CPU, under IO_CPU_SHARE of the wall time) gains from more workers than cores, as PyTorch's own
+# DataLoader allows past its "suggested max" warning: up to IO_WORKERS_PER_CORE per usable core.
+IO_CPU_SHARE = 0.5
+IO_WORKERS_PER_CORE = 4
 
 # Communication-bound: the TB plugin's "communication > 10 % of the step" rule, kept: we count only the exposed part
 # (what backward did not hide), which is pure loss, so the published value needs no margin.
@@ -159,6 +165,8 @@ class Finding:
     expected: str | None = None  # the expected effect, in words with numbers
     source: str = ""  # where the threshold comes from
     summary: str = ""  # the headline in a few words ("data wait 71% of each step")
+    change: dict[str, Any] = field(default_factory=dict)  # the fix as settings ({"num_workers": 3, ...}) where
+    # it is one a program can apply (gpuwise train --fix-input)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,6 +323,17 @@ def _input_bound(view: _View, ctx: Context) -> tuple[Finding | None, dict[str, A
     # step = max(compute, load/w) and wait = max(0, load/w - compute); with 0 workers the wait IS the load.
     load = wait if w0 == 0 else w0 * (wait + compute)
     cap = max(0, ctx.usable_cores // max(1, ctx.world_size) - 1)  # a core stays with each training process
+    # Does loading burn CPU or wait? With no workers the process makes each batch itself: its CPU time during the
+    # wait says; with workers, each worker's share of a core does.
+    if w0 == 0:
+        cpu_share = _median([s.data_wait_cpu_s / s.data_wait_s for s in steps
+                             if s.data_wait_cpu_s is not None and s.data_wait_s > 0])
+    else:
+        cpu_share = _median([h.workers_cpu_pct / 100 / h.workers for h in view.hosts
+                             if h.workers and h.workers_cpu_pct is not None])
+    waits_on_io = cpu_share is not None and cpu_share < IO_CPU_SHARE
+    if waits_on_io:
+        cap = max(cap, IO_WORKERS_PER_CORE * ctx.usable_cores // max(1, ctx.world_size))
     needed = max(1, math.ceil(load / compute - 1e-9))  # workers whose joint rate covers the compute time
     w_new = min(needed, cap)
     evidence: dict[str, Any] = {
@@ -322,8 +341,9 @@ def _input_bound(view: _View, ctx: Context) -> tuple[Finding | None, dict[str, A
         "data_wait_s_median": _r(wait, 6), "compute_s_median": _r(compute, 6), "step_s_median": _r(step, 6),
         "load_s_per_batch": _r(load, 6), "num_workers_now": w0, "num_workers_from": w_src,
         "usable_cores": ctx.usable_cores, "world_size": ctx.world_size, "workers_cap": cap,
-        "workers_to_cover_load": needed,
+        "workers_to_cover_load": needed, "loading_cpu_share": _r(cpu_share, 3), "loading_waits_on_io": waits_on_io,
     }
+    change: dict[str, Any] = {}
     fix: list[str] = []
     bursty = p.fraction < 0.8  # some steps wait and some do not: deeper prefetch evens out the bursts
     prefetch = max(4 if bursty else 2, loader.prefetch_factor or 2)
@@ -332,11 +352,15 @@ def _input_bound(view: _View, ctx: Context) -> tuple[Finding | None, dict[str, A
         new_step = max(compute, load / w_new)
         new_wait = max(0.0, load / w_new - compute)
         args = [f"num_workers={w_new}"]
+        change["num_workers"] = w_new
         if ctx.device == "cuda" and loader.pin_memory is not True:
             args.append("pin_memory=True")
+            change["pin_memory"] = True
         args += [f"prefetch_factor={prefetch}"]
+        change["prefetch_factor"] = prefetch
         if loader.persistent_workers is not True:
             args.append("persistent_workers=True")
+            change["persistent_workers"] = True
         fix.append(f"DataLoader(..., {', '.join(args)}): with {_workers(w_new)} a batch is ready every "
                    f"{_ms(load / w_new)}, the step computes for {_ms(compute)}")
         expected = (f"load ≈ {_ms(load)}/batch, compute ≈ {_ms(compute)}: with num_workers={w_new} the step goes "
@@ -364,7 +388,7 @@ def _input_bound(view: _View, ctx: Context) -> tuple[Finding | None, dict[str, A
     return Finding(bottleneck="input-bound", share=p.median, evidence=evidence, fix=tuple(fix), expected=expected,
                    source=f"TB plugin DataLoader > 5% of step, raised to {INPUT_WAIT_SHARE:.0%} by the §B6 CPU runs; "
                           "SageMaker window/patience",
-                   summary=f"data wait {_pct(p.median)} of each step"), checked
+                   summary=f"data wait {_pct(p.median)} of each step", change=change), checked
 
 
 def _communication_bound(view: _View, ctx: Context) -> tuple[Finding | None, dict[str, Any]]:
@@ -883,7 +907,7 @@ def _jsonable(x: Any) -> Any:
 
 def _finding_json(f: Finding) -> dict[str, Any]:
     return {"bottleneck": f.bottleneck, "share": _r(f.share), "summary": f.summary, "evidence": f.evidence,
-            "fix": list(f.fix), "expected": f.expected, "source": f.source}
+            "fix": list(f.fix), "expected": f.expected, "source": f.source, "change": _jsonable(f.change)}
 
 
 def diagnosis_json(d: Diagnosis) -> dict[str, Any]:

@@ -33,6 +33,8 @@ class TrainProgress:
     def log(self, entry: StepLog) -> None:
         rate = f"{entry.tokens_per_s:,.0f}/s"
         evals = f"  eval {entry.eval_loss:.4f}" if entry.eval_loss is not None else ""
+        if entry.bottleneck not in (None, "healthy", "compute-bound"):  # what the monitor sees in the last steps
+            rate += f" · {entry.bottleneck}"
         if self.bar is not None:
             if self.task is None:
                 self.bar.start()
@@ -75,6 +77,42 @@ def render_train(s: TrainSummary, console: Console) -> None:
     rows += [("note", e) for e in s.events]
     if s.checkpoint_dir:
         rows.append(("checkpoints", s.checkpoint_dir))
+    if s.diagnosis is not None:
+        from gpuwise.monitor.diagnose import render_lines
+
+        for line in render_lines(s.diagnosis):
+            key, _, text = line.partition(": ")
+            rows.append((key, text) if text else ("", line))
+    if s.input_fix is not None:
+        rows.append(("input fix", _input_fix(s.input_fix)))
     for k, v in rows:
         table.add_row(k, Text(v))
     console.print(table)
+
+
+def _input_fix(f) -> str:
+    if f.note:
+        return f.note
+    change = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in f.changed.items())
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f}%"
+
+    def ms(x):
+        return "-" if x is None else f"{1e3 * x:.0f} ms"
+
+    speed = f" ({f.speedup:.1f}x)" if f.speedup else ""
+    return (f"{change}: data wait {pct(f.before_data_wait)} -> {pct(f.after_data_wait)} of a step, step "
+            f"{ms(f.before_step_s)} -> {ms(f.after_step_s)}{speed}, measured over {f.steps} steps")
+
+
+def train_json(s: TrainSummary) -> dict:
+    """The summary as JSON: its fields, the diagnosis in the monitor's JSON form."""
+    from gpuwise.render._common import to_jsonable
+
+    out = to_jsonable(s)
+    if s.diagnosis is not None:
+        from gpuwise.monitor.diagnose import diagnosis_json
+
+        out["diagnosis"] = diagnosis_json(s.diagnosis)
+    return out

@@ -129,6 +129,7 @@ class TrainOptions:
     task: Task = "train"  # the planner's task: train only; finetune-lora and infer are plan only
     lora_rank: int | None = None  # plan only (finetune-lora)
     qlora: bool = False  # plan only (finetune-lora)
+    monitor: bool = True  # gpuwise.Monitor samples the run and the summary carries its diagnosis
     config: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:

@@ -157,6 +157,13 @@ class DatasetBatches:
             raise GpuwiseError(f"--data returned {type(self.dataset).__name__}, not a map-style Dataset",
                                "return a torch.utils.data.Dataset with __len__ and __getitem__")
 
+    def loader_settings(self, *, pin: bool):
+        """How ``stream`` loads (the monitor's diagnosis suggests changes to these)."""
+        from gpuwise.monitor.diagnose import Loader
+
+        return Loader(num_workers=self.workers, pin_memory=pin, prefetch_factor=2 if self.workers else None,
+                      persistent_workers=False if self.workers else None)
+
     def stream(self, start: int, steps: int, batch: int, rank: int, world_size: int, pin: bool) -> Iterator:
         sampler = StepSampler(len(self.dataset), batch, seed=self.seed, start=start, steps=steps, rank=rank,
                               world_size=world_size)

@@ -18,9 +18,10 @@ from gpuwise.training.distributed import Ranks
 if TYPE_CHECKING:
     from gpuwise.hardware.detect import LocalMachine
     from gpuwise.hardware.device import Target
+    from gpuwise.monitor.diagnose import Context, Diagnosis
     from gpuwise.training.trainer import StepLog
 
-__all__ = ["TrainOptions", "TrainSummary", "prepare", "run_training"]
+__all__ = ["InputFix", "TrainOptions", "TrainSummary", "fix_input", "prepare", "run_training"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +51,24 @@ class TrainSummary:
     auto: str | None  # what --auto chose and why
     events: tuple[str, ...]
     checkpoint_dir: str | None
+    diagnosis: Diagnosis | None = None  # the monitor's: the bottleneck, its evidence and the fix
+    step_s: float | None = None  # median wall time of a step after the first (the monitor's timings)
+    data_wait: float | None = None  # median share of a step spent waiting for its batch, after the first
+    input_fix: InputFix | None = None  # --fix-input: the loader change, measured before and after
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputFix:
+    """``--fix-input``: the loader settings the diagnosis suggested, run for ``steps`` steps, against the run."""
+
+    changed: dict[str, tuple]  # setting -> (before, after), e.g. {"workers": (0, 3)}
+    steps: int
+    before_step_s: float | None
+    after_step_s: float | None
+    before_data_wait: float | None
+    after_data_wait: float | None
+    speedup: float | None  # before / after step time
+    note: str | None = None  # why nothing was re-run, where nothing was
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,11 +208,29 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event)
                      batch_model=False)
         return float(w.timeline.live(m).sum(axis=1).max())
 
+    monitor = None
+    if opts.monitor:
+        from gpuwise.monitor.sampler import Monitor
+
+        monitor = Monitor(device=name, gpus=target.gpu)  # every rank: DDP's timing hook must be on all of them
     runtime = Runtime(device=target, ranks=ranks, checkpoint_dir=opts.checkpoint_dir, flops_per_step=flops,
-                      predicted_peak=predicted_peak, on_log=on_log, on_event=on_event)
+                      predicted_peak=predicted_peak, on_log=on_log, on_event=on_event, monitor=monitor)
     trainer = Trainer(model, optimizer, task.data, config, loss_fn=task.loss_fn, eval_data=task.eval_data,
                       runtime=runtime)
-    result = trainer.fit(resume=opts.resume)
+    if monitor is not None:
+        monitor.start()
+    try:
+        result = trainer.fit(resume=opts.resume)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+    diagnosis = step_s = data_wait = None
+    if monitor is not None and ranks.main:
+        diagnosis = monitor.diagnose(_context(task, target, config, world, one, trainer.micro_batch,
+                                              predicted_peak))
+        timed = monitor.record().steps[1:] or monitor.record().steps  # the first step warms up
+        step_s = _median([e.seconds for e in timed])
+        data_wait = _median([e.data_wait_s / e.seconds for e in timed if e.seconds > 0])
     later = [log for log in result.logs if log.step > (result.resumed_from or 0) + 1] or list(result.logs)
     peaks = [log.peak_memory_bytes for log in result.logs if log.peak_memory_bytes is not None]
     return TrainSummary(
@@ -207,4 +244,76 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event)
         mfu=_median([log.mfu for log in later if log.mfu is not None]),
         peak_memory_bytes=max(peaks) if peaks else None, compiled=config.compile,
         optimizer=f"AdamW ({'fused' if fused else 'foreach'})", auto=auto_reason, events=result.events,
-        checkpoint_dir=opts.checkpoint_dir)
+        checkpoint_dir=opts.checkpoint_dir, diagnosis=diagnosis, step_s=step_s, data_wait=data_wait)
+
+
+FIX_STEPS = 20  # steps --fix-input re-runs with the suggested loader
+
+
+def suggested_loader(diagnosis: Diagnosis | None) -> dict[str, object]:
+    """The loader settings an input-bound diagnosis suggests ({} when it is not input-bound)."""
+    if diagnosis is None:
+        return {}
+    finding = next((f for f in diagnosis.findings if f.bottleneck == "input-bound"), None)
+    return dict(getattr(finding, "change", None) or {}) if finding is not None else {}
+
+
+def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STEPS, on_log=None, on_event=None,
+              environ: Mapping[str, str] | None = None, machine: LocalMachine | None = None) -> InputFix:
+    """Re-run ``steps`` steps of ``opts`` with the loader the run's diagnosis suggests, and measure both.
+    Only ``--data`` loads through a DataLoader; the built-in examples make their batches in memory."""
+    change = suggested_loader(summary.diagnosis)
+    nothing = InputFix(changed={}, steps=0, before_step_s=summary.step_s, after_step_s=None,
+                       before_data_wait=summary.data_wait, after_data_wait=None, speedup=None)
+    if summary.diagnosis is None:
+        return replace(nothing, note="the run was not monitored (--no-monitor): nothing to compare")
+    if summary.diagnosis.bottleneck != "input-bound" or not change:
+        wait = "" if summary.data_wait is None else f" (data wait {100 * summary.data_wait:.0f}% of a step)"
+        return replace(nothing, note=f"the run is {summary.diagnosis.bottleneck}, not input-bound{wait}: "
+                                     "no loader change to try")
+    if not opts.data:
+        return replace(nothing, note="the built-in example makes its batches in memory, with no DataLoader to "
+                                     "change: --fix-input applies to --data")
+    workers = int(change.get("num_workers", opts.workers or 0))
+    before = opts.workers if opts.workers is not None else 0
+    rerun = replace(opts, workers=workers, checkpoint_dir=None, resume=False, auto=False,
+                    config=replace(opts.config, steps=min(steps, opts.config.steps), micro_batch=summary.micro_batch,
+                                   precision=summary.precision, checkpoint_every=0, eval_every=0))
+    after = run_training(rerun, on_log=on_log, on_event=on_event, environ=environ, machine=machine)
+    return InputFix(changed={"workers": (before, workers)}, steps=after.steps, before_step_s=summary.step_s,
+                    after_step_s=after.step_s, before_data_wait=summary.data_wait, after_data_wait=after.data_wait,
+                    speedup=summary.step_s / after.step_s if summary.step_s and after.step_s else None)
+
+
+def _context(task, target: Target, config, world: int, one, micro: int, predicted_peak) -> Context:
+    """What the diagnosis knows of this run: the machine, how its data loads, and (on a catalog GPU) the plan:
+    the roofline, the predicted step time and peak memory, the kernels a step launches."""
+    from dataclasses import replace as _replace
+
+    from gpuwise.monitor.diagnose import Context, Loader
+    from gpuwise.monitor.host import usable_cores
+    from gpuwise.precision import PRECISIONS
+
+    loader = getattr(task.data, "loader_settings", None)
+    loader = loader(pin=target.backend == "cuda") if loader is not None else Loader(num_workers=0)
+    ctx = Context(device=target.backend, usable_cores=usable_cores(), world_size=world, loader=loader,
+                  memory_total_bytes=target.memory_total_bytes)
+    row = target.row
+    if not target.gpu or row is None:
+        return ctx
+    try:
+        from gpuwise.planning.costmodel import step_time
+        from gpuwise.planning.sharding import per_gpu
+        from gpuwise.planning.tracker import NONE
+        from gpuwise.planning.workload import simulate
+
+        setup = _replace(one, micro_batch=micro, grad_accum=one.micro_batch * one.grad_accum // micro)
+        w = simulate(task.source, setup, batch_model=False)
+        t = step_time(per_gpu(w, setup), row)
+        kernels = int(w.costs.count[w.costs.kind != NONE].sum())  # ops that launch a kernel
+        return _replace(ctx, peak_tflops=row.peak_tflops.get(PRECISIONS[config.precision].rate_key),
+                        bandwidth_gbps=row.memory_bandwidth_gbps, planned_step_s=None if t is None else t.seconds,
+                        planned_peak_bytes=predicted_peak(micro), planned_bytes_per_step=float(w.bytes_per_step),
+                        kernels_per_step=kernels)
+    except GpuwiseError:
+        return ctx

@@ -37,6 +37,7 @@ from gpuwise.training.parallelize import gradient_sync, parallelize
 from gpuwise.units import human_bytes
 
 OutOfMemory = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+LIVE_WINDOW = 50  # steps the progress line's diagnosis looks back over
 
 LossFn = Callable[[nn.Module, Any, Any], torch.Tensor]
 
@@ -55,6 +56,7 @@ class StepLog:
     data_wait: float  # fraction of the step spent waiting for the next batch
     skipped: bool  # fp16: the scaler found inf/NaN gradients and skipped the update
     eval_loss: float | None = None
+    bottleneck: str | None = None  # the monitor's diagnosis of the recent steps (None without a monitor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,7 @@ class Runtime:
     predicted_peak: Callable[[int], float] | None = None  # the plan's peak bytes at a micro-batch: OOM notes
     on_log: Callable[[StepLog], None] | None = None
     on_event: Callable[[str], None] | None = None  # the trainer's own choices, in words (an OOM retry)
+    monitor: Any = None  # a started gpuwise.Monitor: every step's timings go to it (monitor.sampler)
 
 
 def mfu_peak_tflops(target: Target, precision: str) -> float | None:
@@ -169,6 +172,12 @@ class Trainer:
         self.skipped_steps = 0  # fp16: updates the scaler skipped, over the whole run
         self.retried = False  # an OOM is retried once per run
         self.events: list[str] = []
+        self.monitor = runtime.monitor
+        self.comm = None  # times DDP's all-reduce for the monitor (exposed communication)
+        if self.monitor is not None and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            from gpuwise.monitor.comm import CommTimer
+
+            self.comm = CommTimer(self.model, self.device)
 
     def _autocast(self) -> AbstractContextManager:
         if self.autocast_dtype is None:
@@ -227,7 +236,12 @@ class Trainer:
                                        f"{'' if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}, "
                                        "not a scalar tensor", "return a scalar loss from the model or loss_fn")
                 loss = loss / accum  # the mean over the whole batch, micro-batch by micro-batch
+                timed = self.comm is not None and m == accum - 1  # the backward that all-reduces
+                if timed:
+                    self.comm.begin()
                 self.scaler.scale(loss).backward()
+                if timed:
+                    self.comm.end()
             loss_sum += loss.detach().float()
         return loss_sum
 
@@ -239,6 +253,8 @@ class Trainer:
                 return self._forward_backward(x, y, first_step)
             except OutOfMemory as exc:
                 why = self._explain_oom(self.micro_batch)
+                if self.monitor is not None:
+                    self.monitor.oom(self.step + 1, why)
                 smaller = next((m for m in range(self.micro_batch // 2, 0, -1) if self.per_rank % m == 0), 0)
                 if self.retried or smaller == 0 or self.ranks.world_size > 1:
                     hint = ("under torchrun the processes cannot retry alone: lower --micro-batch"
@@ -333,6 +349,37 @@ class Trainer:
             raise GpuwiseError(f"reading the batch of step {self.step + 1} failed: {first_line(exc)}",
                                "check the Dataset: every item (input, target) with the same shapes") from exc
 
+    # -- the monitor's timings -------------------------------------------------------------------------------
+
+    def _mark(self) -> Any:
+        """A point in the step: a CUDA event on the compute stream (no synchronisation), else the host clock."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _seconds(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if self.device.type == "cuda" else b - a
+
+    def _report(self, dt: float, waited: float, waited_cpu: float, marks: list[Any]) -> None:
+        """The step to the monitor, after the step's synchronisation (the CUDA events are complete then)."""
+        comm, exposed = self.comm.take() if self.comm is not None else (None, None)
+        self.monitor.step(seconds=dt, data_wait_s=waited, data_wait_cpu_s=waited_cpu,
+                          compute_s=self._seconds(marks[0], marks[1]),
+                          optimizer_s=self._seconds(marks[1], marks[2]), comm_s=comm, exposed_comm_s=exposed,
+                          peak_memory_bytes=self.timer.peak_memory_bytes(), flops=self.runtime.flops_per_step)
+
+    def _bottleneck(self) -> str | None:
+        """The monitor's diagnosis of the last steps, for the progress line (None without one, or on failure:
+        a diagnosis must never stop a run)."""
+        if self.monitor is None:
+            return None
+        try:
+            return self.monitor.diagnose(last_steps=LIVE_WINDOW).bottleneck
+        except Exception:
+            return None
+
     # -- the run -------------------------------------------------------------------------------------------
 
     def fit(self, *, resume: bool = False) -> TrainResult:
@@ -358,22 +405,29 @@ class Trainer:
         batches = stream(self.data, self.step, cfg.steps, cfg.batch, self.ranks.rank, world,
                          pin=self.device.type == "cuda")
         while self.step < cfg.steps:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             self.timer.reset_peak_memory()
             x, y = self._next(batches)  # this process's share of the step's global batch
-            waited = time.perf_counter() - t0
+            waited, waited_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            marks = [self._mark()] if self.monitor is not None else None
             loss = self._forward_backward_retrying(x, y, first_step=self.step == first_step)
+            if marks is not None:
+                marks.append(self._mark())
             if world > 1:  # the loss of the global batch, as one process would see it
                 torch.distributed.all_reduce(loss)
                 loss /= world
             self._check_finite(loss)
             grad_norm, skipped = self._update()
+            if marks is not None:
+                marks.append(self._mark())
             self.skipped_steps += skipped
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
             self.step += 1
             self.timer.synchronize()
             dt = time.perf_counter() - t0
+            if marks is not None:
+                self._report(dt, waited, waited_cpu, marks)
             if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
                 self._save()  # before evaluating: a failing evaluation loses nothing
                 self.saved = self.step
@@ -387,7 +441,8 @@ class Trainer:
                 logs.append(StepLog(step=self.step, loss=float(loss), lr=lr, grad_norm=grad_norm,
                                     tokens_per_s=tokens * world / dt, mfu=flops / dt / (peak * 1e12)
                                     if flops and peak else None, peak_memory_bytes=self.timer.peak_memory_bytes(),
-                                    data_wait=waited / dt, skipped=skipped, eval_loss=step_eval))
+                                    data_wait=waited / dt, skipped=skipped, eval_loss=step_eval,
+                                    bottleneck=self._bottleneck()))
                 if self.runtime.on_log and self.ranks.main:
                     self.runtime.on_log(logs[-1])
         return TrainResult(steps=self.step, final_loss=logs[-1].loss if logs else math.nan, eval_loss=eval_loss,

@@ -1,0 +1,84 @@
+"""The host side of a sample, through psutil: every core, memory, a process and its children (DataLoader workers).
+
+psutil's CPU percentages are over the interval since the previous call, so a reader is kept between samples; its
+first read primes the counters (and reports what it can). Any sensor psutil lacks on this platform gives None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import psutil
+
+from gpuwise.monitor.samples import HostSample
+
+
+class HostReader:
+    """Reads the host and the process ``pid`` (this process by default) with its children, once per sample."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid or os.getpid()
+        try:
+            self.process = psutil.Process(self.pid)
+        except psutil.Error:
+            self.process = None
+        self._children: dict[int, psutil.Process] = {}
+        self._last_times: psutil._common.scputimes | None = None  # type: ignore[name-defined]
+        psutil.cpu_percent(percpu=True)  # prime: the next call measures from here
+        with contextlib.suppress(psutil.Error, AttributeError):
+            if self.process is not None:
+                self.process.cpu_percent()
+        with contextlib.suppress(Exception):
+            self._last_times = psutil.cpu_times()
+
+    def alive(self) -> bool:
+        try:
+            return self.process is not None and self.process.is_running() and \
+                self.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def pids(self) -> set[int]:
+        """The process and its children now (for NVML's per-process memory)."""
+        found = {self.pid}
+        with contextlib.suppress(psutil.Error, AttributeError):
+            found |= {c.pid for c in self.process.children(recursive=True)}
+        return found
+
+    def read(self) -> HostSample:
+        per_core = tuple(float(x) for x in psutil.cpu_percent(percpu=True))
+        vm = psutil.virtual_memory()
+        process_cpu = workers = workers_cpu = None
+        if self.process is not None:
+            with contextlib.suppress(psutil.Error):
+                process_cpu = float(self.process.cpu_percent())
+            with contextlib.suppress(psutil.Error):
+                children = self.process.children(recursive=True)
+                known, self._children = self._children, {}
+                total = 0.0
+                for child in children:
+                    proc = known.get(child.pid, child)
+                    with contextlib.suppress(psutil.Error):
+                        # a child's first call primes it (0.0); it counts from the next sample on
+                        total += proc.cpu_percent()
+                        self._children[child.pid] = proc
+                workers, workers_cpu = len(children), total
+        iowait = None
+        with contextlib.suppress(Exception):
+            now = psutil.cpu_times()
+            if self._last_times is not None and hasattr(now, "iowait"):
+                busy = sum(now) - sum(self._last_times)
+                iowait = 100.0 * (now.iowait - self._last_times.iowait) / busy if busy > 0 else 0.0
+            self._last_times = now
+        return HostSample(cpu_pct=per_core, memory_used_bytes=int(vm.total - vm.available),
+                          memory_total_bytes=int(vm.total), process_cpu_pct=process_cpu, workers=workers,
+                          workers_cpu_pct=workers_cpu, iowait_pct=iowait)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity where the OS has one), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,283 @@
+"""``gpuwise.Monitor``: an in-process sampler (a background thread) joined with the loop's own step events.
+
+>>> from gpuwise import Monitor                                          # doctest: +SKIP
+>>> with Monitor() as mon:                                               # doctest: +SKIP
+...     for x, y in mon.loader(dataloader):   # times the wait in next()
+...         train_step(x, y)
+...         mon.step()                        # ends a step: its time, and the wait inside it
+>>> print(mon.diagnose().bottleneck)                                     # doctest: +SKIP
+
+Each sample reads every GPU through NVML (``monitor.nvml``), torch's caching allocator, and the host (psutil):
+cheap calls, once per ``interval_s`` (1 s), in a daemon thread, so the loop pays nothing but the step hook
+(``benchmarks/monitor_overhead.py``). A sensor that is missing gives None; a machine without NVIDIA GPUs is
+watched on its CPU side, and ``Record.note`` says so in one line.
+
+``GPUWISE_WATCH_EVENTS=FILE`` (set by ``gpuwise watch``): step and OOM events are also appended to FILE as
+JSON lines, so a watch from outside joins the loop's own timings with what it samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpuwise.monitor.diagnose import Context, Diagnosis, Loader, diagnose
+from gpuwise.monitor.host import HostReader, usable_cores
+from gpuwise.monitor.samples import AllocatorSample, OomEvent, Record, Sample, StepEvent, to_line
+
+EVENTS_ENV = "GPUWISE_WATCH_EVENTS"
+
+
+def allocator_sample(device: Any) -> AllocatorSample | None:
+    """torch's caching allocator on a CUDA ``device`` (None elsewhere, or before CUDA is initialised)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        s = torch.cuda.memory_stats(dev)
+    except (RuntimeError, AssertionError):
+        return None
+    return AllocatorSample(allocated_bytes=int(s.get("allocated_bytes.all.current", 0)),
+                           reserved_bytes=int(s.get("reserved_bytes.all.current", 0)),
+                           peak_allocated_bytes=s.get("allocated_bytes.all.peak"),
+                           inactive_split_bytes=s.get("inactive_split_bytes.all.current"),
+                           alloc_retries=s.get("num_alloc_retries"), ooms=s.get("num_ooms"))
+
+
+def loader_settings(data: Any) -> Loader | None:
+    """A torch DataLoader's own loading settings (None for any other iterable)."""
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    if not isinstance(data, DataLoader):
+        return None
+    workers = data.num_workers
+    return Loader(num_workers=workers, pin_memory=data.pin_memory,
+                  prefetch_factor=data.prefetch_factor if workers > 0 else None,
+                  persistent_workers=data.persistent_workers if workers > 0 else None, batch_size=data.batch_size)
+
+
+class Monitor:
+    """Samples devices, allocator and host at ``interval_s`` in a thread, and takes the loop's step events.
+
+    ``device``: the torch device the loop runs on ("cuda:0", "cpu"; default: cuda if available) for the allocator.
+    ``log``: a JSON-lines file every sample and event is appended to as it comes. ``nvml``: a module with
+    pynvml's interface (tests pass a fake). ``pid``: the process whose children are its loader workers (this one).
+    """
+
+    def __init__(self, *, interval_s: float = 1.0, device: Any = None, log: str | os.PathLike | None = None,
+                 nvml: Any = None, pid: int | None = None, context: Context | None = None,
+                 gpus: bool = True) -> None:
+        if not interval_s > 0:
+            from gpuwise.errors import GpuwiseError
+
+            raise GpuwiseError(f"the monitor's interval must be positive, not {interval_s}", "pass e.g. 1.0")
+        self.interval_s = float(interval_s)
+        self.device = device
+        self.context = context
+        self._nvml_module, self._want_gpus = nvml, gpus
+        self._pid = pid
+        self._samples: list[Sample] = []
+        self._steps: list[StepEvent] = []
+        self._ooms: list[OomEvent] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.perf_counter()
+        self._last_step_end: float | None = None
+        self._wait = 0.0  # seconds blocked in next() since the last step ended
+        self._wait_cpu = 0.0  # this process's CPU seconds meanwhile
+        self._loader: Loader | None = None
+        self._log_path = None if log is None else Path(log)
+        self._log = None
+        self._events = None
+        self._reader = None
+        self._host: HostReader | None = None
+        self.note: str | None = None
+        self.device_kind = "cpu"
+
+    # -- life --------------------------------------------------------------------------------------------------
+
+    def start(self) -> Monitor:
+        if self._thread is not None:
+            return self
+        from gpuwise.files import open_log
+
+        if self._log_path is not None:
+            self._log = open_log(self._log_path)
+        events = os.environ.get(EVENTS_ENV)
+        if events:
+            with contextlib.suppress(OSError):
+                self._events = open(events, "a")  # noqa: SIM115 - kept open for the run, closed in stop()
+        self._t0 = time.perf_counter()
+        self._last_step_end = self._t0
+        self._host = HostReader(self._pid)
+        if self._want_gpus:
+            from gpuwise.monitor.nvml import open_nvml
+
+            self._reader, why = open_nvml(nvml=self._nvml_module)
+            self.note = None if self._reader is not None else f"no GPU counters ({why}): watching the CPU side"
+        else:
+            self.note = "GPU counters not asked for: watching the CPU side"
+        self.device_kind = "cuda" if self._reader is not None else self._torch_kind()
+        self._sample()  # one at the start: the run's first seconds are part of it
+        self._thread = threading.Thread(target=self._run, name="gpuwise-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Record:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=max(5.0, 2 * self.interval_s))
+            self._thread = None
+            self._sample()  # and one at the end
+        for f in (self._log, self._events):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self._log = self._events = None
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                self._reader.close()
+            self._reader = None
+        return self.record()
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _torch_kind(self) -> str:
+        """What the loop runs on: the device given, else CUDA where NVML sees GPUs, else the CPU (the monitor
+        does not choose a device: pass ``device`` for MPS)."""
+        import torch
+
+        if self.device is not None:
+            return torch.device(self.device).type
+        return "cuda" if self._reader is not None else "cpu"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        t = time.perf_counter() - self._t0
+        host = devices = None
+        try:
+            host = self._host.read() if self._host is not None else None
+        except Exception:  # a sensor must never stop the run
+            host = None
+        try:
+            pids = self._host.pids() if self._host is not None else None
+            devices = self._reader.read(pids) if self._reader is not None else ()
+        except Exception:  # likewise
+            devices = ()
+        device = self.device if self.device is not None else ("cuda" if self.device_kind == "cuda" else None)
+        try:
+            alloc = allocator_sample(device)
+        except Exception:  # likewise
+            alloc = None
+        sample = Sample(t=t, devices=tuple(devices or ()), allocator=alloc, host=host)
+        with self._lock:
+            self._samples.append(sample)
+            self._write(sample, events=False)
+
+    def _write(self, item, *, events: bool) -> None:
+        """Append to --log (and, for step and OOM events, the watch's events file); a full disk stops the log,
+        never the run."""
+        line = to_line(item) + "\n"
+        for f, name in ((self._log, "_log"), (self._events if events else None, "_events")):
+            if f is None:
+                continue
+            try:
+                f.write(line)
+                f.flush()
+            except OSError:
+                setattr(self, name, None)
+
+    # -- the loop's events ---------------------------------------------------------------------------------------
+
+    def loader(self, data: Iterable) -> Iterator:
+        """Iterate ``data``, timing each wait in ``next()`` (counted into the next ``step()``); a torch
+        DataLoader's settings (workers, pinning, prefetch) go to the diagnosis."""
+        self._loader = loader_settings(data) or self._loader
+        it = iter(data)
+        while True:
+            t, cpu = time.perf_counter(), time.process_time()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._wait += time.perf_counter() - t
+            self._wait_cpu += time.process_time() - cpu
+            yield item
+
+    def step(self, *, seconds: float | None = None, data_wait_s: float | None = None,
+             data_wait_cpu_s: float | None = None, compute_s: float | None = None,
+             optimizer_s: float | None = None, comm_s: float | None = None,
+             exposed_comm_s: float | None = None, peak_memory_bytes: int | None = None,
+             flops: float | None = None) -> StepEvent:
+        """End a step. Without ``seconds``: the time since the previous step ended (or since start); without
+        ``data_wait_s``: the waits ``loader()`` timed since then."""
+        now = time.perf_counter()
+        if seconds is None:
+            seconds = now - (self._last_step_end if self._last_step_end is not None else self._t0)
+        if data_wait_s is None:
+            data_wait_s, data_wait_cpu_s = self._wait, self._wait_cpu
+        self._wait, self._wait_cpu, self._last_step_end = 0.0, 0.0, now
+        with self._lock:
+            event = StepEvent(step=len(self._steps) + 1, t=now - self._t0, seconds=float(seconds),
+                              data_wait_s=float(data_wait_s), data_wait_cpu_s=data_wait_cpu_s,
+                              compute_s=compute_s, optimizer_s=optimizer_s,
+                              comm_s=comm_s, exposed_comm_s=exposed_comm_s, peak_memory_bytes=peak_memory_bytes,
+                              flops=flops)
+            self._steps.append(event)
+            self._write(event, events=True)
+        return event
+
+    def oom(self, step: int, message: str) -> OomEvent:
+        """Record an out-of-memory error with the allocator as it is now."""
+        device = self.device if self.device is not None else ("cuda" if self.device_kind == "cuda" else None)
+        with self._lock:
+            event = OomEvent(step=step, t=time.perf_counter() - self._t0, message=message,
+                             allocator=allocator_sample(device))
+            self._ooms.append(event)
+            self._write(event, events=True)
+        return event
+
+    # -- results ----------------------------------------------------------------------------------------------
+
+    def record(self, *, last_steps: int | None = None) -> Record:
+        """What the monitor saw; ``last_steps``: only the last steps and the samples since the first of them."""
+        with self._lock:
+            steps, samples = self._steps, self._samples
+            if last_steps is not None and len(steps) > last_steps:
+                steps = steps[-last_steps:]
+                since = steps[0].t - steps[0].seconds
+                samples = [s for s in samples if s.t >= since]
+            return Record(samples=tuple(samples), steps=tuple(steps), ooms=tuple(self._ooms),
+                          interval_s=self.interval_s, device_kind=self.device_kind, note=self.note)
+
+    def default_context(self) -> Context:
+        """What the monitor knows of the machine and the loader, for the diagnosis."""
+        return Context(device=self.device_kind if self.device is None else self._torch_kind(),
+                       usable_cores=usable_cores(), loader=self._loader)
+
+    def diagnose(self, context: Context | None = None, *, last_steps: int | None = None) -> Diagnosis:
+        """The bottleneck so far (or over the ``last_steps``), its evidence and the fix. ``context`` adds the
+        plan; the loader is filled in from what ``loader()`` saw where the context leaves it out."""
+        base = self.default_context()
+        ctx = context or self.context or base
+        if ctx.loader is None and base.loader is not None:
+            ctx = replace(ctx, loader=base.loader)
+        return diagnose(self.record(last_steps=last_steps), ctx)

@@ -1,0 +1,112 @@
+"""Real runs on this CPU, diagnosed: a loader that sleeps per item, with and without workers, and --fix-input;
+two gloo processes whose all-reduce dwarfs their compute. Wide margins and medians: the CPU is shared."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+# A model whose step takes ~10-20 ms on one core, and a dataset that sleeps 1 ms per item (I/O, not CPU): 32 items a
+# batch is ~32 ms of waiting with no workers, ~4 ms a batch with 8 workers sleeping side by side.
+SLEEPY = '''
+import time
+
+import torch
+from torch import nn
+
+
+def build(batch):
+    return nn.Sequential(nn.Linear(256, 4096), nn.ReLU(), nn.Linear(4096, 10)), torch.randn(batch, 256)
+
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.full((256,), (i % 7) / 7.0), i % 10
+
+
+def dataset():
+    return Slow()
+'''
+
+ARGS = ["--steps", "16", "--batch", "32", "--micro-batch", "32", "--no-auto", "--log-every", "16", "--json"]
+
+
+@pytest.fixture
+def sleepy(tmp_path):
+    f = tmp_path / "sleepy.py"
+    f.write_text(SLEEPY)
+    return f
+
+
+def _train(capsys, f, *more):
+    code, out, err = run_cli(capsys, "train", "--model", f"{f}:build", "--data", f"{f}:dataset", *ARGS, *more)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_a_loader_that_sleeps_with_no_workers_is_input_bound_and_with_workers_is_not(capsys, sleepy,
+                                                                                      monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    starved = [_train(capsys, sleepy, "--workers", "0") for _ in range(3)]
+    fed = [_train(capsys, sleepy, "--workers", "8") for _ in range(3)]
+    assert sum(s["diagnosis"]["bottleneck"] == "input-bound" for s in starved) >= 2
+    assert sum(s["diagnosis"]["bottleneck"] == "input-bound" for s in fed) <= 1
+    assert statistics.median(s["data_wait"] for s in starved) > 0.5  # 32 ms of sleep against ~15 ms of work
+    assert statistics.median(s["data_wait"] for s in fed) < 0.35
+    d = starved[0]["diagnosis"]
+    assert d["fix"] and any("num_workers" in f for f in d["fix"]) and d["evidence"]
+
+
+def test_fix_input_reruns_with_the_suggested_loader_and_measures_both(capsys, sleepy, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    s = _train(capsys, sleepy, "--workers", "0", "--fix-input")
+    fix = s["input_fix"]
+    if s["diagnosis"]["bottleneck"] != "input-bound":  # a very slow moment of the shared CPU: say so, and rerun
+        s = _train(capsys, sleepy, "--workers", "0", "--fix-input")
+        fix = s["input_fix"]
+    (before, after), = fix["changed"].values()
+    assert before == 0 and after > 0 and fix["steps"] == 16
+    assert fix["after_data_wait"] < fix["before_data_wait"] and fix["speedup"] > 1.2
+
+
+def test_fix_input_says_why_when_there_is_nothing_to_fix(capsys):
+    code, out, err = run_cli(capsys, "train", "--steps", "4", "--batch", "4", "--seq", "16", "--no-auto",
+                             "--fix-input")
+    assert code == 0, err
+    assert "input fix" in out and ("not input-bound" in out or "built-in example" in out)
+    code, _, err = run_cli(capsys, "train", "--steps", "2", "--no-monitor", "--fix-input")
+    assert code == 2 and "--fix-input needs the monitor" in err
+
+
+COMM = '''
+import torch
+from torch import nn
+
+
+def build(batch):  # 16.8M parameters (67 MB of gradients to all-reduce) for a few MFLOPs of work
+    return nn.Sequential(nn.Linear(4096, 4096)), torch.randn(batch, 4096)
+'''
+
+
+def test_two_gloo_processes_whose_all_reduce_dwarfs_their_work_are_communication_bound(tmp_path):
+    f = tmp_path / "comm.py"
+    f.write_text(COMM)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "gpuwise", "train", "--model", f"{f}:build", "--steps", "8", "--batch", "4",
+                           "--no-auto", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    d = json.loads(done.stdout)["diagnosis"]
+    assert d["bottleneck"] == "communication-bound", d
+    assert any("accumulation" in f or "bucket" in f for f in d["fix"])
