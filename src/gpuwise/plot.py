@@ -164,3 +164,101 @@ def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)
+
+
+def plot_watch(result, path: str | os.PathLike) -> None:
+    """The timeline of a ``gpuwise watch``: per GPU its duty cycle, memory and power over time (the CPU side, host
+    busy share and the command's CPU, where there are no GPU counters), and each step's data-wait share where the
+    command reported steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpuwise.monitor.nvml import THROTTLING
+
+    record = result.record
+    samples = record.samples
+    if not samples:
+        from gpuwise.errors import GpuwiseError
+
+        raise GpuwiseError("nothing to draw: no sample was taken", "watch a command that runs for a moment")
+    by_index: dict[int, list] = {}
+    for s in samples:
+        for d in s.devices:
+            by_index.setdefault(d.index, []).append((s.t, d))
+    panels: list[str] = ["util", "memory", "power"] if by_index else ["cpu"]
+    if record.steps:
+        panels.append("wait")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.2 * len(panels) + 0.8), dpi=120, sharex=True,
+                             squeeze=False)
+    cmap = plt.get_cmap("tab10")
+
+    def series(points, name):
+        kept = [(t, getattr(d, name)) for t, d in points if getattr(d, name) is not None]
+        return [t for t, _ in kept], [v for _, v in kept]
+
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        if panel == "util":
+            for i, (index, points) in enumerate(sorted(by_index.items())):
+                ax.plot(*series(points, "util_pct"), color=cmap(i % 10), linewidth=1, label=f"GPU {index}")
+                t, sm = series(points, "sm_active_pct")
+                if sm:
+                    ax.plot(t, sm, color=cmap(i % 10), linewidth=1, linestyle=":", label=f"GPU {index} SM active")
+            ax.set_ylabel("utilisation %")
+            ax.set_ylim(0, 105)
+        elif panel == "memory":
+            for i, (index, points) in enumerate(sorted(by_index.items())):
+                t, used = series(points, "memory_used_bytes")
+                ax.plot(t, np.array(used) / GiB, color=cmap(i % 10), linewidth=1, label=f"GPU {index}")
+                t, mine = series(points, "process_memory_bytes")
+                if mine:
+                    ax.plot(t, np.array(mine) / GiB, color=cmap(i % 10), linewidth=1, linestyle="--",
+                            label=f"GPU {index}: the command")
+                totals = [d.memory_total_bytes for _, d in points if d.memory_total_bytes]
+                if totals:
+                    ax.axhline(max(totals) / GiB, color=cmap(i % 10), linewidth=0.5, alpha=0.5)
+            ax.set_ylabel("memory GiB")
+        elif panel == "power":
+            for i, (index, points) in enumerate(sorted(by_index.items())):
+                ax.plot(*series(points, "power_w"), color=cmap(i % 10), linewidth=1, label=f"GPU {index}")
+                limits = [d.power_limit_w for _, d in points if d.power_limit_w]
+                if limits:
+                    ax.axhline(max(limits), color=cmap(i % 10), linewidth=0.5, alpha=0.5)
+                held = [t for t, d in points if set(d.clock_reasons or ()) & THROTTLING]
+                if held:
+                    ax.plot(held, [0] * len(held), "|", color="red", markersize=8, label=f"GPU {index} throttled")
+            ax.set_ylabel("power W")
+        elif panel == "cpu":
+            hosts = [(s.t, s.host) for s in samples if s.host is not None]
+            t = [t for t, h in hosts if h.cpu_pct]
+            ax.plot(t, [sum(h.cpu_pct) / len(h.cpu_pct) for _, h in hosts if h.cpu_pct], color=cmap(0),
+                    linewidth=1, label="host, all cores (% of the machine)")
+            kept = [(t, h.process_cpu_pct) for t, h in hosts if h.process_cpu_pct is not None]
+            ax.plot([t for t, _ in kept], [v for _, v in kept], color=cmap(1), linewidth=1,
+                    label="the command (% of one core)")
+            kept = [(t, h.workers_cpu_pct) for t, h in hosts if h.workers and h.workers_cpu_pct is not None]
+            if kept:
+                ax.plot([t for t, _ in kept], [v for _, v in kept], color=cmap(2), linewidth=1,
+                        label="its child processes (% of one core)")
+            ax.set_ylabel("CPU %")
+            ax.set_ylim(bottom=0)
+        else:  # the loop's own steps: the share of each spent waiting for data
+            steps = [s for s in record.steps if s.seconds > 0]
+            ax.bar([s.t - s.seconds / 2 for s in steps], [100 * s.data_wait_s / s.seconds for s in steps],
+                   width=[s.seconds for s in steps], color=cmap(3), alpha=0.7, label="data wait, % of the step")
+            ax.set_ylabel("data wait %")
+            ax.set_ylim(0, 105)
+        ax.grid(True, linewidth=0.3, alpha=0.5)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel("seconds since the command started")
+    what = " ".join(result.command) if result.command else f"pid {result.pid}"
+    title = (what if len(what) <= 80 else what[:77] + "...") + f": {result.diagnosis.bottleneck}"
+    if not by_index:
+        title += " (no GPU counters: the CPU side)"
+    axes[0, 0].set_title(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

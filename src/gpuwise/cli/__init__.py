@@ -13,7 +13,7 @@ import traceback
 
 import typer
 
-from gpuwise.cli import bench, doctor, gpus, plan, recommend, train  # noqa: F401  (each registers its command)
+from gpuwise.cli import bench, doctor, gpus, plan, recommend, train, watch  # noqa: F401  (each registers its command)
 from gpuwise.cli._app import app
 from gpuwise.errors import GpuwiseError, first_line
 

@@ -25,6 +25,7 @@ from gpuwise.render.gpus import local_json, render_accelerator, render_catalog, 
 from gpuwise.render.plan import plan_json, render_models, render_plan
 from gpuwise.render.recommend import guide_json, recommend_json, render_guide, render_recommend
 from gpuwise.render.train import TrainProgress, render_train
+from gpuwise.render.watch import render_watch, watch_json
 
 if TYPE_CHECKING:
     from gpuwise.models import ZooModel
@@ -64,6 +65,7 @@ def _views() -> dict[str, tuple[Any, Any]]:
         "Guide": (render_guide, guide_json),
         "BenchReport": (render_report, report_json),
         "BenchComparison": (render_comparison, comparison_json),
+        "WatchResult": (render_watch, watch_json),
     }
 
 

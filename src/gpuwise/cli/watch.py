@@ -1,0 +1,77 @@
+"""``gpuwise watch -- CMD ...`` and ``gpuwise watch --pid N``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuwise.cli._app import JsonFlag, app, check_png
+from gpuwise.errors import GpuwiseError
+
+
+@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def watch(
+    command: Annotated[list[str] | None, typer.Argument(
+        help="The command to run and watch, after --: gpuwise watch -- python train.py --lr 3e-4",
+        show_default=False)] = None,
+    pid: Annotated[int | None, typer.Option("--pid", help="Attach to this running process instead (until it "
+                                                          "ends, or Ctrl-C).")] = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between samples.")] = 1.0,
+    log: Annotated[str | None, typer.Option(help="Append every sample and step event to this JSON-lines file as "
+                                                 "they come.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the timeline (utilisation, memory, power, data wait per "
+                                                  "step) to this PNG file.")] = None,
+    live: Annotated[bool, typer.Option("--live/--no-live", help="The status pinned under the command's output on "
+                                                                "a terminal (--no-live for full-screen programs).")
+                    ] = True,
+    json_out: JsonFlag = False,
+) -> int:
+    """Run a command (your own python train.py) and watch the GPUs and the host from outside: a live status, the
+    bottleneck and its fix at the end. The command's exit code is passed through.
+
+    Examples: gpuwise watch -- python train.py; gpuwise watch --log run.jsonl --plot run.png -- python train.py;
+    gpuwise watch --pid 12345
+    """
+    check_png(plot)
+    for path, flag in ((plot, "--plot"),):
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            folder = Path(path).parent
+            raise GpuwiseError(f"cannot write {flag} {path}: folder {folder} does not exist",
+                               f"create it: mkdir -p {folder}")
+    from rich.console import Console
+
+    from gpuwise import render
+    from gpuwise.monitor.watch import watch as run_watch
+    from gpuwise.render.watch import WatchPanel
+
+    # The live status only on a terminal: with stderr in a file or a pipe (CI, nohup, a scheduler's log) the
+    # command's own stderr goes to the same place, and periodic status lines would be mixed into it; the samples
+    # are in --log for that case. No live output with --json either.
+    err = Console(stderr=True, highlight=False)
+    panel = WatchPanel(err) if live and not json_out and sys.stderr.isatty() else None
+
+    def started(start) -> None:
+        if start.note and not json_out:
+            err.print(start.note, markup=False, soft_wrap=True)  # once, one line
+        if panel is not None:
+            panel.start(start)
+
+    try:
+        result = run_watch(command or None, pid=pid, interval_s=interval, log=log, on_start=started,
+                           on_sample=None if panel is None else panel.update)
+    finally:
+        if panel is not None:
+            panel.stop()
+    render.emit(result, json=json_out)
+    if result.log_error:
+        print(f"warning: --log {log}: {result.log_error}; the run went on", file=sys.stderr)
+    if plot is not None:  # after the summary: a plot that cannot be written loses nothing else
+        from gpuwise.plot import plot_watch
+
+        plot_watch(result, plot)
+        if not json_out:
+            print(f"timeline drawn to {plot}")
+    return result.exit_code or 0

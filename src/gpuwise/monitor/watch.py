@@ -1,0 +1,578 @@
+"""``gpuwise watch``: run a command (or attach to a running process) and sample it from outside, then diagnose.
+
+>>> from gpuwise.monitor.watch import watch                               # doctest: +SKIP
+>>> result = watch(["python", "train.py"], interval_s=1.0, log="run.jsonl")  # doctest: +SKIP
+>>> result.exit_code, result.diagnosis.bottleneck                         # doctest: +SKIP
+(0, 'input-bound')
+
+Every ``interval_s`` the watcher reads NVML (every GPU; the command's own memory from its process tree) and the host
+(psutil: every core, memory, the process and its children) in this process, the command untouched: it runs as it
+would alone, writing straight to the terminal. The loop's own timings come from the command itself where it runs a
+``gpuwise.Monitor`` (``gpuwise train`` does): the child's environment names a file (``GPUWISE_WATCH_EVENTS``) the
+Monitor appends its step and OOM events to, and the watcher reads it as it grows. ``--pid`` attaches to a running
+process instead, and reads its events file too where that process was started with one.
+
+The command's exit code is passed through (a signal N as 128 + N, as shells do). Ctrl-C reaches the command (from the
+terminal, or forwarded where the terminal did not send it); the watcher waits for the command to end and reports what
+it recorded (the log is written line by line, nothing is lost). A third Ctrl-C kills the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from gpuwise.errors import GpuwiseError, first_line
+from gpuwise.monitor.diagnose import Context, Diagnosis, diagnose
+from gpuwise.monitor.host import HostReader, usable_cores
+from gpuwise.monitor.sampler import EVENTS_ENV
+from gpuwise.monitor.samples import OomEvent, Record, Sample, StepEvent, from_line, to_line
+
+EVENT_POLL_S = 0.1  # how often the events file is read between samples: step times land within 0.1 s of the truth
+KILL_AFTER_INTERRUPTS = 3  # the third Ctrl-C kills the command
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchStart:
+    """What the watcher knows once the command runs: handed to ``on_start`` (the CLI prints the note, sizes the
+    live view)."""
+
+    pid: int
+    command: tuple[str, ...] | None
+    gpus: int  # GPUs NVML reads (0: the CPU side only)
+    note: str | None  # why there are no GPU counters, in one line
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tick:
+    """One sample as it is taken, with the loop's step events so far: handed to ``on_sample`` (the live view)."""
+
+    t: float  # seconds since the command started
+    sample: Sample
+    samples: int
+    steps: int
+    last_step: StepEvent | None
+    pid: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchResult:
+    """A watched command: how it ended, what was recorded, and the diagnosis."""
+
+    command: tuple[str, ...] | None  # None: attached with --pid
+    pid: int
+    exit_code: int | None  # the command's code (a signal N as 128 + N); None for --pid (not our child)
+    seconds: float
+    record: Record = field(repr=False)
+    diagnosis: Diagnosis
+    note: str | None = None  # no GPU counters, and why ("no NVIDIA GPU (...): watching the CPU side")
+    interrupted: bool = False  # Ctrl-C (or SIGTERM) reached the watcher
+    devices_used: tuple[int, ...] = ()  # NVML indices where the command held memory; () when NVML could not say
+    log: str | None = None
+    log_error: str | None = None  # the log stopped early (a full disk): the run went on
+
+    @property
+    def failed(self) -> bool:
+        return self.exit_code not in (None, 0)
+
+
+# -- before the command starts -----------------------------------------------------------------------------------
+
+
+def _resolve(command: Sequence[str]) -> list[str]:
+    """The command with its program found now, so a misspelt one is a one-line error before anything runs."""
+    if not command or not command[0]:
+        raise GpuwiseError("nothing to watch", "pass a command after --: gpuwise watch -- python train.py, "
+                                               "or attach with --pid N")
+    program = command[0]
+    if os.sep in program or (os.altsep and os.altsep in program):
+        path = Path(program)
+        if not path.exists():
+            raise GpuwiseError(f"no such command: {program}", "check the path")
+        if path.is_dir() or not os.access(path, os.X_OK):
+            raise GpuwiseError(f"cannot run {program}: not an executable file",
+                               f"chmod +x {program}, or run it with its interpreter (python {program})")
+        return list(command)
+    if shutil.which(program) is None:
+        raise GpuwiseError(f"no such command: {program}",
+                           f"check the spelling, or that {program} is on PATH (which {program})")
+    return list(command)
+
+
+def _attach(pid: int) -> psutil.Process:
+    if pid <= 0:
+        raise GpuwiseError(f"--pid {pid} is not a process id", "pass the pid of a running process (ps, nvidia-smi)")
+    if pid == os.getpid():
+        raise GpuwiseError("gpuwise watch cannot watch itself", "pass the pid of another process")
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            raise psutil.NoSuchProcess(pid)
+    except psutil.NoSuchProcess:
+        raise GpuwiseError(f"no running process {pid}", "check the pid: ps -p PID, or nvidia-smi for GPU "
+                                                        "processes") from None
+    except psutil.Error as exc:
+        raise GpuwiseError(f"cannot watch process {pid}: {first_line(exc)}", "run as its user") from None
+    return process
+
+
+def _signal_code(returncode: int) -> int:
+    """Popen's ``-N`` (killed by signal N) as a shell's exit status, 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# -- while it runs -----------------------------------------------------------------------------------------------
+
+
+class _Events:
+    """Tails the events file a Monitor inside the command appends to, and puts each event on the watch's clock.
+
+    The Monitor's ``t`` counts from its own start, which the watcher cannot see; the offset to the watch's clock is
+    estimated as the smallest (read time - event t) seen so far: events are read within ``EVENT_POLL_S`` of being
+    written, so the estimate is that close. An event earlier than the previous one means a new Monitor (a second
+    run in the same command): the estimate starts over."""
+
+    def __init__(self, path: Path, *, from_end: bool = False) -> None:
+        self.path = path
+        self._f: IO[str] | None = None
+        self._pos = 0
+        self._partial = ""
+        self.offset: float | None = None
+        self._last_child_t: float | None = None
+        if from_end:
+            with contextlib.suppress(OSError):
+                self._pos = path.stat().st_size
+
+    def read(self, now: float) -> list[StepEvent | OomEvent]:
+        try:
+            if self._f is None:
+                self._f = self.path.open()
+                self._f.seek(self._pos)
+            chunk = self._f.read()
+        except (OSError, UnicodeDecodeError):
+            return []
+        if not chunk:
+            return []
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # a line the Monitor is still writing
+        out: list[StepEvent | OomEvent] = []
+        for line in lines:
+            try:
+                item = from_line(line)
+            except (ValueError, TypeError, KeyError):
+                continue
+            if not isinstance(item, (StepEvent, OomEvent)):
+                continue
+            if self._last_child_t is not None and item.t < self._last_child_t:
+                self.offset = None  # a new Monitor, with its own clock
+            self._last_child_t = item.t
+            guess = now - item.t
+            self.offset = guess if self.offset is None else min(self.offset, guess)
+            out.append(dataclasses.replace(item, t=item.t + self.offset))
+        return out
+
+    def close(self) -> None:
+        if self._f is not None:
+            with contextlib.suppress(OSError):
+                self._f.close()
+            self._f = None
+
+
+class _Log:
+    """``--log``: every sample and event as a JSON line, flushed as it comes; a full disk stops the log, never the
+    run."""
+
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        from gpuwise.files import open_log
+
+        self.path = None if path is None else str(path)
+        self._f = None if path is None else open_log(path)
+        self.error: str | None = None
+
+    def write(self, item: Sample | StepEvent | OomEvent) -> None:
+        if self._f is None:
+            return
+        try:
+            self._f.write(to_line(item) + "\n")
+            self._f.flush()
+        except OSError as exc:
+            self.error = f"the log stopped: {exc.strerror or exc}"
+            self.close()
+
+    def close(self) -> None:
+        if self._f is not None:
+            with contextlib.suppress(OSError):
+                self._f.close()
+            self._f = None
+
+
+def _tty_pgrp() -> int | None:
+    """The foreground process group of this process's terminal, or None without one."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError, AttributeError):
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd)
+    return None
+
+
+class _Signals:
+    """SIGINT and SIGTERM while a command runs: counted, forwarded to the command where it would not get them
+    otherwise, never raised in the middle of a sample or a log line.
+
+    A Ctrl-C at the terminal reaches the whole foreground process group, the command included: forwarding it too would
+    hit the command twice (a second KeyboardInterrupt inside its own cleanup). So SIGINT is forwarded only when the
+    command is not in the terminal's foreground group with us (``kill -INT`` to the watcher, no terminal, a command
+    that made its own group); SIGTERM (a scheduler's stop) always is. With ``--pid`` the process is not ours: a
+    signal ends the watch and is not passed on."""
+
+    def __init__(self, child: subprocess.Popen | None) -> None:
+        self.child = child
+        self.count = 0
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError, OSError):  # not the main thread: signals stay as they were
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            if self.count >= KILL_AFTER_INTERRUPTS:
+                child.kill()
+            elif signum != signal.SIGINT or not self._terminal_sent_it(child.pid):
+                child.send_signal(signum)
+
+    @staticmethod
+    def _terminal_sent_it(pid: int) -> bool:
+        try:
+            ours = os.getpgrp()
+            return os.getpgid(pid) == ours and _tty_pgrp() == ours
+        except (OSError, AttributeError):  # AttributeError: no process groups (Windows)
+            return False
+
+
+class _Waiter:
+    """``ended(timeout)``: has the watched process ended, waiting at most ``timeout`` for it. A pidfd (Linux >= 5.3)
+    sleeps in the kernel until the process exits, for a child or any other process; elsewhere Popen's and psutil's
+    own waits poll (every 50 ms at most, a few microseconds each). A zombie its parent has not reaped counts as
+    ended."""
+
+    def __init__(self, child: subprocess.Popen | None, target: psutil.Process | None, host: HostReader) -> None:
+        self.child, self.target, self.host = child, target, host
+        self.fd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.fd = os.pidfd_open(child.pid if child is not None else target.pid)  # type: ignore[union-attr]
+
+    def __call__(self, timeout: float) -> bool:
+        if self.fd is not None:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], timeout)
+                return bool(ready)
+            except InterruptedError:  # a signal: the caller looks again
+                return False
+            except (OSError, ValueError):
+                self.close()
+        if self.child is not None:
+            try:
+                self.child.wait(timeout=timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        if not self.host.alive():
+            return True
+        try:
+            self.target.wait(timeout=timeout)  # type: ignore[union-attr]
+            return True
+        except psutil.TimeoutExpired:
+            return False
+        except psutil.Error:
+            return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+# -- the watch ---------------------------------------------------------------------------------------------------
+
+
+def watch(command: Sequence[str] | None = None, *, pid: int | None = None, interval_s: float = 1.0,
+          log: str | os.PathLike | None = None, nvml: Any = None, reader: Any = None,
+          on_start: Callable[[WatchStart], None] | None = None, on_sample: Callable[[Tick], None] | None = None,
+          stdin: Any = None, stdout: Any = None, stderr: Any = None, env: dict[str, str] | None = None,
+          cwd: str | os.PathLike | None = None) -> WatchResult:
+    """Run ``command`` (or attach to ``pid``) and sample it every ``interval_s`` until it ends; diagnose what was seen.
+
+    ``log``: a JSON-lines file every sample and event is appended to as it comes (checked before the command starts).
+    ``nvml``: a module with pynvml's names (tests pass a fake); ``reader``: an object with ``read(pids)`` and
+    ``close()`` used instead of NVML. ``on_start`` / ``on_sample``: called once the command runs / after each sample
+    (the live view). ``stdin``/``stdout``/``stderr``: as ``subprocess.Popen`` takes them (None: the command shares
+    this process's terminal). ``env``: the command's environment (this one's by default)."""
+    if pid is not None and command:
+        raise GpuwiseError("give a command or --pid, not both", "gpuwise watch -- CMD ..., or gpuwise watch --pid N")
+    if not interval_s > 0:
+        raise GpuwiseError(f"the interval must be positive, not {interval_s}", "pass e.g. --interval 1")
+    argv = _resolve(command or ()) if pid is None else None
+    target = _attach(pid) if pid is not None else None
+    out = _Log(log)  # before anything runs: an unwritable log loses nothing
+    events_path: Path | None = None
+    own_events = False
+    try:
+        if reader is None:
+            from gpuwise.monitor.nvml import open_nvml
+
+            reader, why = open_nvml(nvml=nvml)
+            # "no NVIDIA GPU" unless the GPU may be there and only the binding is missing
+            what = "no GPU counters" if why and why.startswith("nvidia-ml-py") else "no NVIDIA GPU"
+            note = None if reader is not None else f"{what} ({why}): watching the CPU side"
+        else:
+            note = None
+        gpus = len(getattr(reader, "indices", ())) if reader is not None else 0
+        if target is None:
+            fd, name = tempfile.mkstemp(prefix="gpuwise-watch-", suffix=".jsonl")
+            os.close(fd)
+            events_path, own_events = Path(name), True
+            child_env = dict(os.environ if env is None else env)
+            child_env[EVENTS_ENV] = str(events_path)
+            child_env.setdefault("PYTHONUNBUFFERED", "1")  # a Python child's prints appear as they happen
+            t0 = time.perf_counter()
+            try:
+                child = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=child_env, cwd=cwd)
+            except FileNotFoundError:
+                raise GpuwiseError(f"no such command: {argv[0]}", "check the spelling and the path") from None
+            except PermissionError:
+                raise GpuwiseError(f"cannot run {argv[0]}: permission denied",
+                                   "make it executable, or run it with its interpreter") from None
+            except OSError as exc:
+                raise GpuwiseError(f"cannot run {argv[0]}: {exc.strerror or exc}", "check the command") from None
+            watched_pid = child.pid
+        else:
+            child = None
+            watched_pid = target.pid
+            t0 = time.perf_counter()
+            with contextlib.suppress(psutil.Error, AttributeError):
+                named = target.environ().get(EVENTS_ENV)
+                if named:
+                    events_path = Path(named)
+        return _run(argv, child, target, watched_pid, t0, interval_s=interval_s, reader=reader, note=note,
+                    gpus=gpus, out=out, events_path=events_path, own_events=own_events, on_start=on_start,
+                    on_sample=on_sample)
+    finally:
+        out.close()
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()
+        if own_events and events_path is not None:
+            with contextlib.suppress(OSError):
+                events_path.unlink()
+
+
+def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.Process | None, watched_pid: int,
+         t0: float, *, interval_s: float, reader: Any, note: str | None, gpus: int, out: _Log,
+         events_path: Path | None, own_events: bool, on_start: Callable[[WatchStart], None] | None,
+         on_sample: Callable[[Tick], None] | None) -> WatchResult:
+    host = HostReader(watched_pid)
+    events = None if events_path is None else _Events(events_path, from_end=not own_events)
+    samples: list[Sample] = []
+    steps: list[StepEvent] = []
+    ooms: list[OomEvent] = []
+    cores = _cores(target)
+
+    def take() -> Sample:
+        t = time.perf_counter() - t0
+        try:
+            h = host.read()
+        except Exception:  # a sensor must never stop the watch
+            h = None
+        devices: tuple = ()
+        if reader is not None:
+            try:
+                devices = tuple(reader.read(host.pids()))
+            except Exception:  # likewise
+                devices = ()
+        s = Sample(t=t, devices=devices, host=h)
+        samples.append(s)
+        out.write(s)
+        return s
+
+    def drain() -> None:
+        if events is None:
+            return
+        for item in events.read(time.perf_counter() - t0):
+            (steps if isinstance(item, StepEvent) else ooms).append(item)
+            out.write(item)
+
+    def notify(s: Sample) -> None:
+        if on_sample is not None:
+            with contextlib.suppress(Exception):  # a view that fails must not stop the watch
+                on_sample(Tick(t=s.t, sample=s, samples=len(samples), steps=len(steps),
+                               last_step=steps[-1] if steps else None, pid=watched_pid))
+
+    if on_start is not None:
+        try:
+            on_start(WatchStart(pid=watched_pid, command=None if argv is None else tuple(argv), gpus=gpus, note=note))
+        except BaseException:
+            if child is not None:  # nothing left to watch it: do not leave it running alone
+                with contextlib.suppress(OSError):
+                    child.kill()
+                child.wait()
+            raise
+    code: int | None = None
+    ended = _Waiter(child, target, host)
+    with _Signals(child) as signals, contextlib.closing(ended):
+        next_sample = time.perf_counter()
+        while True:
+            now = time.perf_counter()
+            if now >= next_sample:
+                drain()
+                notify(take())
+                next_sample += interval_s
+                if next_sample <= time.perf_counter():  # a slow sensor: skip the missed beats, do not burst
+                    next_sample = time.perf_counter() + interval_s
+            else:
+                drain()
+            if target is not None and signals.count:
+                break  # --pid: Ctrl-C ends the watch, the process runs on
+            wait = max(0.0, min(next_sample - time.perf_counter(), EVENT_POLL_S))
+            if not ended(wait):
+                continue
+            if child is not None:
+                code = _signal_code(child.wait())
+            break
+        seconds = time.perf_counter() - t0
+        drain()
+        take()  # at the end, at once: the last moments count, and no interval is slept after the command ended
+        drain()
+    record = Record(samples=tuple(samples), steps=tuple(steps), ooms=tuple(ooms), interval_s=interval_s,
+                    device_kind="cuda" if reader is not None else "cpu", note=note,
+                    extra={"command": argv, "pid": watched_pid, "exit_code": code,
+                           "events_offset_s": None if events is None else events.offset})
+    if events is not None:
+        events.close()
+    used = devices_used(record)
+    judged = record if not used else _only_devices(record, used)
+    # the note was said once when the watch began; the diagnosis keeps to what it found
+    diagnosis = diagnose(dataclasses.replace(judged, note=None),
+                         Context(device=record.device_kind, usable_cores=cores))
+    return WatchResult(command=None if argv is None else tuple(argv), pid=watched_pid, exit_code=code,
+                       seconds=seconds, record=record, diagnosis=diagnosis, note=note,
+                       interrupted=signals.count > 0, devices_used=used, log=out.path, log_error=out.error)
+
+
+def _cores(target: psutil.Process | None) -> int:
+    """Cores the command may run on: its own affinity with --pid, else ours (the child inherits it)."""
+    if target is not None:
+        with contextlib.suppress(psutil.Error, AttributeError):
+            return max(1, len(target.cpu_affinity()))
+    return usable_cores()
+
+
+# -- what the record says ----------------------------------------------------------------------------------------
+
+
+def devices_used(record: Record) -> tuple[int, ...]:
+    """NVML indices where the command's processes held memory in some sample; () when NVML never said (no GPU, no
+    per-process figures, a container's pid namespace): then every GPU counts."""
+    return tuple(sorted({d.index for s in record.samples for d in s.devices if d.process_memory_bytes}))
+
+
+def _only_devices(record: Record, indices: Sequence[int]) -> Record:
+    keep = set(indices)
+    return dataclasses.replace(record, samples=tuple(dataclasses.replace(
+        s, devices=tuple(d for d in s.devices if d.index in keep)) for s in record.samples))
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _max(values: list[float]) -> float | None:
+    return max(values) if values else None
+
+
+def device_summary(record: Record, used: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Per GPU over the whole watch: medians of the duty cycle and power, peaks of memory and temperature, the clock,
+    and the throttle reasons seen while it was busy. ``used``: the GPUs the command held memory on (flagged)."""
+    by_index: dict[int, list] = {}
+    for s in record.samples:
+        for d in s.devices:
+            by_index.setdefault(d.index, []).append(d)
+    rows = []
+    for index, ds in sorted(by_index.items()):
+        def vals(name: str, ds=ds) -> list[float]:
+            return [getattr(d, name) for d in ds if getattr(d, name) is not None]
+
+        busy = [d for d in ds if (d.util_pct or 0) >= 10]
+        reasons = sorted({r for d in busy for r in (d.clock_reasons or ()) if r != "idle"})
+        energy = vals("energy_j")
+        rows.append({
+            "index": index, "name": next((d.name for d in ds if d.name), None), "samples": len(ds),
+            "used": index in used if used else None,
+            "util_median_pct": _median(vals("util_pct")), "util_max_pct": _max(vals("util_pct")),
+            "memory_peak_bytes": _max(vals("memory_used_bytes")),
+            "memory_total_bytes": _max(vals("memory_total_bytes")),
+            "process_memory_peak_bytes": _max(vals("process_memory_bytes")),
+            "power_median_w": _median(vals("power_w")), "power_max_w": _max(vals("power_w")),
+            "power_limit_w": _max(vals("power_limit_w")),
+            "energy_j": energy[-1] - energy[0] if len(energy) >= 2 else None,
+            "sm_clock_median_mhz": _median(vals("sm_clock_mhz")), "sm_clock_max_mhz": _max(vals("sm_clock_max_mhz")),
+            "temperature_max_c": _max(vals("temperature_c")),
+            "sm_active_median_pct": _median(vals("sm_active_pct")),
+            "throttle_reasons": reasons,
+        })
+    return rows
+
+
+def host_summary(record: Record) -> dict[str, Any]:
+    """The host over the watch: busy cores, the command's CPU (% of one core) and its workers', memory, iowait."""
+    hosts = [s.host for s in record.samples if s.host is not None]
+    cores = max((len(h.cpu_pct) for h in hosts), default=0)
+    proc = [h.process_cpu_pct for h in hosts if h.process_cpu_pct is not None]
+    return {
+        "cores": cores or None,
+        "busy_cores_median": _median([sum(h.cpu_pct) / 100 for h in hosts if h.cpu_pct]),
+        "process_cpu_median_pct": _median(proc), "process_cpu_max_pct": _max(proc),
+        "workers_max": _max([h.workers for h in hosts if h.workers is not None]),
+        "workers_cpu_median_pct": _median([h.workers_cpu_pct for h in hosts if h.workers and
+                                           h.workers_cpu_pct is not None]),
+        "memory_peak_bytes": _max([h.memory_used_bytes for h in hosts if h.memory_used_bytes is not None]),
+        "memory_total_bytes": _max([h.memory_total_bytes for h in hosts if h.memory_total_bytes is not None]),
+        "iowait_median_pct": _median([h.iowait_pct for h in hosts if h.iowait_pct is not None]),
+    }
+
+
+def step_summary(record: Record) -> dict[str, Any]:
+    """The loop's own step events, where the command ran a gpuwise.Monitor: count, median step, data-wait share."""
+    steps = [s for s in record.steps if s.seconds > 0]
+    return {"count": len(record.steps), "step_median_s": _median([s.seconds for s in steps]),
+            "data_wait_share_median": _median([s.data_wait_s / s.seconds for s in steps]), "ooms": len(record.ooms)}
+
+
+__all__ = ["Tick", "WatchResult", "WatchStart", "device_summary", "devices_used", "host_summary", "step_summary",
+           "watch"]

@@ -1,0 +1,427 @@
+"""gpuwise watch: a command (or a pid) watched from outside, its exit code passed through, the loop's own events joined,
+the log, the plot, the JSON, the live panel, a fake NVML, and the watcher's cost. All without a GPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpuwise.cli import main
+from gpuwise.errors import GpuwiseError
+from gpuwise.monitor import watch as watch_module
+from gpuwise.monitor.samples import DeviceSample, HostSample, Sample, StepEvent, read_log
+from gpuwise.monitor.watch import Tick, WatchStart, device_summary, watch
+from gpuwise.render.watch import WatchPanel, status_lines, watch_json
+
+PY = sys.executable
+GiB = 2 ** 30
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+def one_line_error(capfd) -> str:
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+# -- a command, its exit code, its samples -----------------------------------------------------------------------
+
+
+def test_a_command_that_exits_0_is_sampled_and_the_cpu_side_is_said_once(capfd):
+    code = main(["watch", "--interval", "0.05", "--", PY, "-c", "import time; time.sleep(0.4); print('child says hi')"])
+    out, err = capfd.readouterr()
+    assert code == 0
+    assert "child says hi" in out  # the command's own output, straight through
+    assert "exit code" in out and "bottleneck" in out
+    notes = [line for line in err.splitlines() if "watching the CPU side" in line]
+    assert len(notes) == 1 and notes[0].startswith("no NVIDIA GPU (")
+
+
+def test_library_result_records_samples_until_the_command_ends():
+    starts = []
+    r = watch(py("import time; time.sleep(0.4)"), interval_s=0.05, on_start=starts.append)
+    assert r.exit_code == 0 and not r.failed and r.command[0] == PY
+    assert 0.35 < r.seconds < 2.0
+    assert len(r.record.samples) >= 5
+    assert all(s.host is not None and s.host.cpu_pct for s in r.record.samples)
+    assert r.record.device_kind == "cpu" and r.note.endswith("watching the CPU side") and "\n" not in r.note
+    assert r.diagnosis.note is None or "watching the CPU side" not in r.diagnosis.note  # said once, at the start
+    assert len(starts) == 1 and starts[0].pid == r.pid and starts[0].gpus == 0
+    assert "record=" not in repr(r)
+
+
+def test_the_last_sample_comes_as_the_command_ends_not_an_interval_later():
+    r = watch(py("import time; time.sleep(0.3)"), interval_s=5.0)
+    assert r.seconds < 1.5  # a 5 s interval is not slept out after the command ended
+    assert len(r.record.samples) == 2  # one at the start, one at the end
+
+
+def test_exit_code_is_passed_through_and_the_diagnosis_still_printed(capfd):
+    code = main(["watch", "--interval", "0.05", "--", PY, "-c", "import sys, time; time.sleep(0.2); sys.exit(3)"])
+    out = capfd.readouterr().out
+    assert code == 3
+    assert "3 (the command failed)" in out and "bottleneck" in out
+
+
+def test_a_command_killed_by_a_signal_exits_128_plus_n():
+    r = watch(py("import os, signal; os.kill(os.getpid(), signal.SIGTERM)"), interval_s=0.05)
+    assert r.exit_code == 128 + signal.SIGTERM and r.failed
+
+
+def test_options_after_the_command_belong_to_the_command(capfd):
+    code = main(["watch", "--interval", "0.05", PY, "-c", "import sys; sys.exit(len(sys.argv))", "--json", "x"])
+    assert code == 3  # argv: -c, --json, x: watch did not take --json
+    assert "exit code" in capfd.readouterr().out
+
+
+# -- bad input: one line, exit 2, nothing run --------------------------------------------------------------------
+
+
+def test_no_command_is_a_one_line_error(capfd):
+    assert main(["watch"]) == 2
+    assert "nothing to watch" in one_line_error(capfd)
+
+
+def test_a_command_that_does_not_exist_is_a_one_line_error(capfd):
+    assert main(["watch", "--", "gpuwise-no-such-program-xyz", "--flag"]) == 2
+    assert "no such command: gpuwise-no-such-program-xyz" in one_line_error(capfd)
+    assert main(["watch", "--", "./no/such/script.sh"]) == 2
+    assert "no such command" in one_line_error(capfd)
+
+
+def test_pid_of_a_dead_process_is_a_one_line_error(capfd):
+    p = subprocess.Popen(["true"])
+    p.wait()  # reaped: the pid is free
+    assert main(["watch", "--pid", str(p.pid)]) == 2
+    assert f"no running process {p.pid}" in one_line_error(capfd)
+    assert main(["watch", "--pid", "0"]) == 2
+    one_line_error(capfd)
+
+
+def test_command_and_pid_together_is_an_error():
+    with pytest.raises(GpuwiseError, match="not both"):
+        watch(["true"], pid=os.getpid())
+
+
+def test_unwritable_log_is_a_one_line_error_and_the_command_never_ran(tmp_path, capfd):
+    marker = tmp_path / "ran"
+    code = main(["watch", "--log", str(tmp_path / "no" / "such" / "dir" / "run.jsonl"), "--", PY, "-c",
+                 f"open({str(marker)!r}, 'w').close()"])
+    assert code == 2
+    assert "cannot write the log" in one_line_error(capfd)
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
+def test_plot_path_refused_before_the_command_runs(tmp_path, capfd):
+    marker = tmp_path / "ran"
+    for plot in ("timeline.jpg", str(tmp_path / "missing" / "t.png")):
+        assert main(["watch", "--plot", plot, "--", PY, "-c", f"open({str(marker)!r}, 'w').close()"]) == 2
+        one_line_error(capfd)
+    assert not marker.exists()
+
+
+# -- --pid -------------------------------------------------------------------------------------------------------
+
+
+def test_pid_of_a_live_process_records_until_it_ends():
+    p = subprocess.Popen(["sleep", "30"])
+
+    def stop():
+        time.sleep(0.5)
+        p.kill()
+        p.wait()
+
+    threading.Thread(target=stop, daemon=True).start()
+    t = time.perf_counter()
+    r = watch(pid=p.pid, interval_s=0.05)
+    assert time.perf_counter() - t < 5
+    assert r.command is None and r.pid == p.pid and r.exit_code is None
+    assert len(r.record.samples) >= 4
+
+
+def test_pid_ends_when_the_process_is_a_zombie_its_parent_has_not_reaped():
+    p = subprocess.Popen(["sleep", "30"])
+    threading.Timer(0.3, p.kill).start()  # killed, not waited for: a zombie until the end of the test
+    try:
+        r = watch(pid=p.pid, interval_s=0.05)
+        assert r.seconds < 5 and r.record.samples
+    finally:
+        p.wait()
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_reaches_the_command_and_what_was_recorded_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: None)  # no terminal sent it to the command: forward
+    log = tmp_path / "run.jsonl"
+    threading.Timer(0.6, os.kill, (os.getpid(), signal.SIGINT)).start()
+    r = watch(py("import time; time.sleep(20)"), interval_s=0.05, log=log)
+    assert r.interrupted and r.exit_code == 130 and r.seconds < 10  # Python dies of SIGINT: 128 + 2
+    assert len(r.record.samples) >= 5
+    assert read_log(log).samples == r.record.samples  # nothing lost
+
+
+def test_a_terminal_ctrl_c_is_not_sent_twice(monkeypatch):
+    child = subprocess.Popen(["sleep", "5"])
+    try:
+        monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: os.getpgrp())
+        assert watch_module._Signals._terminal_sent_it(child.pid)  # same group, the terminal's: it got it already
+        monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: None)
+        assert not watch_module._Signals._terminal_sent_it(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+
+# -- the loop's own events, the log --------------------------------------------------------------------------------
+
+LOADER_CHILD = """
+import time
+from gpuwise.monitor.sampler import Monitor
+
+def sleepy(n):
+    for i in range(n):
+        time.sleep(0.06)
+        yield i
+
+with Monitor(interval_s=0.05, gpus=False) as m:
+    for _ in m.loader(sleepy(10)):
+        time.sleep(0.01)
+        m.step()
+"""
+
+
+def test_a_monitor_in_the_command_joins_its_steps_and_the_log_reads_back(tmp_path):
+    log = tmp_path / "run.jsonl"
+    before = set(Path(tempfile.gettempdir()).glob("gpuwise-watch-*"))
+    r = watch(py(LOADER_CHILD), interval_s=0.1, log=log)
+    assert r.exit_code == 0
+    steps = r.record.steps
+    assert [s.step for s in steps] == list(range(1, 11))
+    for s in steps[1:]:
+        assert 0.05 < s.data_wait_s < s.seconds < 0.5
+    # on the watch's clock: each step ends within the watch, after the command started, in order
+    assert all(0 < s.t <= r.seconds for s in steps) and [s.t for s in steps] == sorted(s.t for s in steps)
+    assert r.record.extra["events_offset_s"] is not None and r.record.extra["events_offset_s"] >= 0
+    assert r.diagnosis.bottleneck == "input-bound"
+    back = read_log(log)
+    assert back.samples == r.record.samples and back.steps == r.record.steps
+    kinds = {json.loads(line)["kind"] for line in log.read_text().splitlines()}
+    assert kinds == {"sample", "step"}
+    assert set(Path(tempfile.gettempdir()).glob("gpuwise-watch-*")) <= before  # the events file is gone
+    from gpuwise.plot import plot_watch
+
+    plot_watch(r, tmp_path / "steps.png")  # the CPU side and a data-wait panel
+    assert (tmp_path / "steps.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_events_written_before_a_pid_attach_are_skipped_and_new_ones_read(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"kind":"step","step":1,"t":0.5,"seconds":0.5}\n')
+    ev = watch_module._Events(path, from_end=True)
+    assert ev.read(now=10.0) == []
+    with path.open("a") as f:
+        f.write('{"kind":"step","step":2,"t":1.0,"seconds":0.5}\n{"kind":"step","step":3,"t":1.5,"sec')
+    (two,) = ev.read(now=10.0)
+    assert two.step == 2 and two.t == pytest.approx(10.0)  # offset 9.0 from its read time
+    with path.open("a") as f:
+        f.write('onds":0.5}\n')  # the rest of the half-written line
+    (three,) = ev.read(now=10.5)
+    assert three.step == 3 and three.t == pytest.approx(10.5)
+    ev.close()
+
+
+# -- a fake NVML ---------------------------------------------------------------------------------------------------
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int = 999) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def fake_nvml(watched: set[int]) -> types.SimpleNamespace:
+    """Two GPUs: 0 busy with the watched process (8 GiB of it), 1 idle and not the command's. Every function
+    NvmlReader asks that is not here is a missing function to it: a None field."""
+    state = {"inits": 0, "reads": 0}
+
+    def util(h):
+        state["reads"] += 1
+        return types.SimpleNamespace(gpu=80 if h == 0 else 0, memory=40 if h == 0 else 0)
+
+    def processes(h):
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=8 * GiB) for pid in watched] if h == 0 else []
+
+    return types.SimpleNamespace(
+        NVMLError=FakeNVMLError, state=state,
+        nvmlInit=lambda: state.__setitem__("inits", state["inits"] + 1),
+        nvmlShutdown=lambda: state.__setitem__("inits", state["inits"] - 1),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUtilizationRates=util,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(10 if h == 0 else 1) * GiB, total=80 * GiB),
+        nvmlDeviceGetPowerUsage=lambda h: 300_000 if h == 0 else 70_000,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
+        nvmlDeviceGetComputeRunningProcesses=processes,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1980 if h == 0 else 345,
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: 1980,
+        nvmlDeviceGetTemperature=lambda h, sensor: 60 if h == 0 else 30,
+    )
+
+
+def test_fake_nvml_devices_summarised_and_the_used_gpu_found(tmp_path, capfd):
+    watched: set[int] = set()
+    nvml = fake_nvml(watched)
+    r = watch(py("import time; time.sleep(0.4)"), interval_s=0.05, nvml=nvml,
+              on_start=lambda s: watched.add(s.pid))
+    assert r.note is None and r.record.device_kind == "cuda"
+    assert nvml.state["inits"] == 0 and nvml.state["reads"] >= 2 * 5  # NVML shut down; both GPUs read each sample
+    assert r.devices_used == (0,)
+    gpu0, gpu1 = device_summary(r.record, r.devices_used)
+    assert gpu0["used"] is True and gpu1["used"] is False
+    assert gpu0["util_median_pct"] == 80 and gpu0["power_median_w"] == pytest.approx(300)
+    assert gpu0["power_limit_w"] == pytest.approx(700) and gpu0["memory_peak_bytes"] == 10 * GiB
+    assert gpu0["process_memory_peak_bytes"] == 8 * GiB and gpu0["memory_total_bytes"] == 80 * GiB
+    assert gpu0["sm_clock_median_mhz"] == 1980 and gpu0["temperature_max_c"] == 60
+    assert gpu1["util_median_pct"] == 0 and gpu1["process_memory_peak_bytes"] is None
+    data = watch_json(r)
+    assert data["device"] == "cuda" and data["devices_used"] == [0] and len(data["devices"]) == 2
+    assert data["diagnosis"]["evidence"] is not None
+    # the plot with GPU panels
+    from gpuwise.plot import plot_watch
+
+    path = tmp_path / "gpu.png"
+    plot_watch(r, path)
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_reader_object_stands_in_for_nvml():
+    class Reader:
+        indices = (0,)
+        closed = False
+
+        def read(self, pids):
+            return (DeviceSample(index=0, util_pct=5.0, process_memory_bytes=GiB if pids else None),)
+
+        def close(self):
+            self.closed = True
+
+    reader = Reader()
+    r = watch(py("import time; time.sleep(0.2)"), interval_s=0.05, reader=reader)
+    assert reader.closed and r.record.device_kind == "cuda" and r.devices_used == (0,)
+    assert all(s.devices[0].util_pct == 5.0 for s in r.record.samples)
+
+
+# -- --json, --plot ------------------------------------------------------------------------------------------------
+
+
+def test_json_output_parses_and_has_the_fields(capfd):
+    code = main(["watch", "--json", "--interval", "0.05", "--", PY, "-c", "import time; time.sleep(0.3)"])
+    out, err = capfd.readouterr()
+    assert code == 0
+    data = json.loads(out)
+    assert data["command"] == [PY, "-c", "import time; time.sleep(0.3)"] and data["exit_code"] == 0
+    assert data["samples"] >= 3 and data["seconds"] > 0.25 and data["devices"] == []
+    assert data["host"]["cores"] >= 1 and data["steps"]["count"] == 0
+    assert data["note"].endswith("watching the CPU side")
+    assert set(data["diagnosis"]) >= {"bottleneck", "evidence", "fix"} and isinstance(data["diagnosis"]["fix"], list)
+    assert "watching the CPU side" not in err  # with --json the note is in the JSON, not on stderr
+
+
+def test_plot_writes_a_png_of_the_cpu_side(tmp_path, capfd):
+    path = tmp_path / "timeline.png"
+    code = main(["watch", "--plot", str(path), "--interval", "0.05", "--", PY, "-c",
+                 "x = sum(i * i for i in range(3_000_000))"])
+    assert code == 0
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert f"timeline drawn to {path}" in capfd.readouterr().out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically: no temporary left
+
+
+# -- the live panel --------------------------------------------------------------------------------------------------
+
+
+def tick(**device) -> Tick:
+    d = DeviceSample(index=0, name="NVIDIA H100 80GB HBM3", util_pct=97.0, memory_used_bytes=61 * GiB,
+                     memory_total_bytes=80 * GiB, process_memory_bytes=58 * GiB, power_w=690.0, power_limit_w=700.0,
+                     sm_clock_mhz=1500.0, sm_clock_max_mhz=1980.0, clock_reasons=("power cap (software)",),
+                     temperature_c=71.0, **device)
+    host = HostSample(cpu_pct=(50.0, 100.0), memory_used_bytes=4 * GiB, memory_total_bytes=16 * GiB,
+                      process_cpu_pct=104.0, workers=4, workers_cpu_pct=380.0)
+    step = StepEvent(step=42, t=10.0, seconds=0.3, data_wait_s=0.12)
+    return Tick(t=12.0, sample=Sample(t=12.0, devices=(d,), host=host), samples=24, steps=42, last_step=step,
+                pid=1234)
+
+
+def test_status_lines_show_gpu_host_and_step():
+    head, gpu, host = (line.plain for line in status_lines(tick()))
+    assert "pid 1234" in head and "step 42: 300 ms" in head and "data wait 40%" in head
+    assert "util  97%" in gpu and "61.0/80.0 GiB (cmd 58.0)" in gpu and "690/700 W" in gpu
+    assert "SM 1500/1980 MHz" in gpu and "power cap (software)" in gpu and "71°C" in gpu
+    assert "1.5/2 cores busy" in host and "cmd 104%" in host and "4 workers 380%" in host
+
+
+def test_the_panel_pins_itself_under_the_output_and_leaves_nothing_behind():
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=100, height=24, color_system=None)
+    panel = WatchPanel(console)
+    panel.start(WatchStart(pid=1234, command=("python", "train.py"), gpus=1, note=None))
+    assert panel.height == 3
+    panel.update(tick())
+    panel.stop()
+    out = buf.getvalue()
+    assert "\x1b[1;21r" in out  # the scrolling region stops above the 3 panel rows
+    assert "\x1b[22;1H" in out and "\x1b[24;1H" in out and "util  97%" in out
+    assert out.endswith("\x1b7\x1b[r\x1b[22;1H\x1b[J\x1b8")  # region reset, rows cleared, cursor back
+    tiny = WatchPanel(Console(file=io.StringIO(), force_terminal=True, width=80, height=5))
+    tiny.start(WatchStart(pid=1, command=None, gpus=8, note=None))
+    assert tiny.height == 0  # too short a terminal: no panel
+    tiny.update(tick())
+    tiny.stop()
+
+
+# -- the watcher's cost ----------------------------------------------------------------------------------------------
+
+WORK = """
+import sys, time
+t = time.perf_counter()
+x = 0
+for i in range(2_000_000):
+    x += i * i
+open(sys.argv[1], "w").write(repr(time.perf_counter() - t))
+"""
+
+
+def test_watch_adds_no_measurable_time_to_the_command(tmp_path):
+    """The command's own measure of its work, alone and watched, alternated (median of 3 each); the watcher samples
+    every 0.1 s here, ten times the default rate."""
+    out = tmp_path / "seconds"
+    alone, watched = [], []
+    for _ in range(3):
+        subprocess.run([PY, "-c", WORK, str(out)], check=True)
+        alone.append(float(out.read_text()))
+        r = watch([PY, "-c", WORK, str(out)], interval_s=0.1)
+        assert r.exit_code == 0
+        watched.append(float(out.read_text()))
+    a, w = statistics.median(alone), statistics.median(watched)
+    assert w <= a * 1.15 + 0.02, (alone, watched)
