@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gpuwise.monitor.samples import Record, Sample, StepEvent, read_log
 from gpuwise.monitor.sampler import EVENTS_ENV, Monitor
+from gpuwise.monitor.samples import Record, Sample, StepEvent, read_log
 
 
 class Sleepy:
@@ -97,3 +97,57 @@ def test_the_last_steps_window_keeps_their_samples_only():
     r = mon.record(last_steps=3)
     assert [s.step for s in r.steps] == [8, 9, 10] and min(s.t for s in r.samples) == 7.0
     assert isinstance(r, Record)
+
+
+def test_an_oom_is_recorded_where_it_happens_with_the_plans_breakdown_and_remedies():
+    """On the CPU an OOM is raised by hand (torch.OutOfMemoryError), as the CUDA allocator raises it; the advice is
+    the plan's for a real catalog GPU, so the numbers are the planner's own."""
+    import torch
+
+    from gpuwise.models.gpt import GPT, GPTConfig
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import resolve_source
+    from gpuwise.training.config import TrainConfig
+    from gpuwise.training.data import CharText
+    from gpuwise.training.run import oom_advice_for
+    from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer, model_loss
+
+    advice = oom_advice_for(resolve_source("gpt2-xl", None), Setup(micro_batch=16, seq=1024), "rtx-4090")
+    assert advice.startswith("the plan's peak at micro-batch 16: ") and "optimizer" in advice
+    assert "remedies in order: " in advice and "--" in advice.split("remedies in order: ")[1]
+
+    def loss_fn(model, x, y):
+        if x.shape[0] > 2:
+            raise OutOfMemory(f"CUDA out of memory. Tried to allocate {x.shape[0]} rows")
+        return model_loss(model, x, y)
+
+    data = CharText(seq=16)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=data.vocab_size, block_size=16))
+    mon = Monitor(interval_s=10, gpus=False)
+    runtime = Runtime(monitor=mon, oom_advice=lambda m: f"plan advice at {m}")
+    trainer = Trainer(model, torch.optim.AdamW(model.parameters()), data, TrainConfig(steps=2, batch=4),
+                      loss_fn=loss_fn, runtime=runtime)
+    with mon:
+        trainer.fit()
+    (oom,) = mon.record().ooms
+    assert oom.step == 1 and "out of memory at micro-batch 4" in oom.message and "plan advice at 4" in oom.message
+    assert len(mon.record().steps) == 2 and mon.diagnose().bottleneck == "memory-full"
+
+
+def test_a_fake_nvml_streams_into_the_monitor_and_a_power_capped_gpu_is_throttled():
+    """NVML behind the same interface (tests/test_monitor_nvml.FakeNvml): a busy H100 held at 1,400 of 1,980 MHz by
+    its power cap, replayed through the Monitor's own sampler thread."""
+    import test_monitor_nvml as fake
+
+    nvml = fake.FakeNvml([fake.h100(util_gpu=99, clock_sm=1400, reasons=0x4)])  # SwPowerCap
+    with Monitor(interval_s=0.01, nvml=nvml, device="cpu") as mon:
+        for _ in range(30):
+            time.sleep(0.01)
+            mon.step(seconds=0.01, data_wait_s=0.0)
+    r = mon.record()
+    assert r.device_kind == "cuda" and r.note is None  # NVML saw a GPU
+    d = r.samples[-1].devices[0]
+    assert d.util_pct == 99 and d.sm_clock_mhz == 1400 and d.clock_reasons == ("power cap (software)",)
+    diag = mon.diagnose()
+    assert diag.bottleneck == "throttled", diag

@@ -16,7 +16,7 @@ from gpuwise.hardware.detect import LocalMachine, describe_local
 
 __all__ = [
     "Accelerator", "Catalog", "DoctorReport", "Environment", "Finding", "GpuwiseError", "LocalMachine",
-    "Measurement", "MemoryPlan", "Setup", "__version__", "describe_local", "diagnose", "gather_environment",
+    "Measurement", "MemoryPlan", "Monitor", "Setup", "__version__", "describe_local", "diagnose", "gather_environment",
     "load_catalog", "measure", "plan", "plan_model",
 ]  # fmt: skip
 
@@ -33,4 +33,8 @@ def __getattr__(name: str):
         import gpuwise.bench
 
         return getattr(gpuwise.bench, name)
+    if name == "Monitor":
+        from gpuwise.monitor.sampler import Monitor
+
+        return Monitor
     raise AttributeError(f"module 'gpuwise' has no attribute {name!r}")

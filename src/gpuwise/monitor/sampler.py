@@ -115,7 +115,7 @@ class Monitor:
         if self._log_path is not None:
             self._log = open_log(self._log_path)
         events = os.environ.get(EVENTS_ENV)
-        if events:
+        if events and os.environ.get("RANK", "0") == "0":  # under torchrun one process speaks for the run
             with contextlib.suppress(OSError):
                 self._events = open(events, "a")  # noqa: SIM115 - kept open for the run, closed in stop()
         self._t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from gpuwise.render.doctor import doctor_json, render_doctor
 from gpuwise.render.gpus import local_json, render_accelerator, render_catalog, render_local
 from gpuwise.render.plan import plan_json, render_models, render_plan
 from gpuwise.render.recommend import guide_json, recommend_json, render_guide, render_recommend
-from gpuwise.render.train import TrainProgress, render_train
+from gpuwise.render.train import TrainProgress, render_train, train_json
 from gpuwise.render.watch import render_watch, watch_json
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _views() -> dict[str, tuple[Any, Any]]:
         "CatalogRows": (lambda c, console: render_catalog(list(c.rows), console), lambda c: list(c.rows)),
         "ModelList": (lambda m, console: render_models(list(m.models), console), _models_json),
         "MemoryPlan": (render_plan, plan_json),
-        "TrainSummary": (render_train, lambda s: s),
+        "TrainSummary": (render_train, train_json),
         "Recommendation": (render_recommend, recommend_json),
         "Guide": (render_guide, guide_json),
         "BenchReport": (render_report, report_json),

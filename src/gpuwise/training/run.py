@@ -208,13 +208,18 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event)
                      batch_model=False)
         return float(w.timeline.live(m).sum(axis=1).max())
 
+    def oom_advice(m: int) -> str | None:
+        setup = replace(one, micro_batch=m, grad_accum=one.micro_batch * one.grad_accum // m)
+        return oom_advice_for(task.source, setup, target.row.key) if target.gpu and target.row is not None else None
+
     monitor = None
     if opts.monitor:
         from gpuwise.monitor.sampler import Monitor
 
         monitor = Monitor(device=name, gpus=target.gpu)  # every rank: DDP's timing hook must be on all of them
     runtime = Runtime(device=target, ranks=ranks, checkpoint_dir=opts.checkpoint_dir, flops_per_step=flops,
-                      predicted_peak=predicted_peak, on_log=on_log, on_event=on_event, monitor=monitor)
+                      predicted_peak=predicted_peak, oom_advice=oom_advice, on_log=on_log, on_event=on_event,
+                      monitor=monitor)
     trainer = Trainer(model, optimizer, task.data, config, loss_fn=task.loss_fn, eval_data=task.eval_data,
                       runtime=runtime)
     if monitor is not None:
@@ -245,6 +250,23 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event)
         peak_memory_bytes=max(peaks) if peaks else None, compiled=config.compile,
         optimizer=f"AdamW ({'fused' if fused else 'foreach'})", auto=auto_reason, events=result.events,
         checkpoint_dir=opts.checkpoint_dir, diagnosis=diagnosis, step_s=step_s, data_wait=data_wait)
+
+
+def oom_advice_for(source, setup, gpu: str, *, remedies: int = 3) -> str:
+    """What the plan says of ``setup`` on the catalog GPU ``gpu`` at an OOM: its peak by category and the first
+    ``remedies`` remedies in order, each as the flags to add."""
+    from gpuwise.planning.plan import plan
+    from gpuwise.units import human_bytes
+
+    p = plan(source, setup, gpu=gpu)
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in p.breakdown.items() if v)
+    text = f"the plan's peak at micro-batch {setup.micro_batch}: {human_bytes(p.peak_bytes)} in {p.peak_at} ({parts})"
+    fitting = [r for r in p.remedies if r.fits][:remedies]
+    if fitting:
+        text += "; remedies in order: " + "; ".join(f"{r.name} ({r.flags})" if r.flags else r.name for r in fitting)
+    elif p.fits:
+        text += f"; the plan fits it on {p.gpu}: another process may hold memory (nvidia-smi)"
+    return text
 
 
 FIX_STEPS = 20  # steps --fix-input re-runs with the suggested loader

@@ -83,6 +83,7 @@ class Runtime:
     checkpoint_dir: str | Path | None = None
     flops_per_step: float | None = None  # the plan's FLOPs per process per step: MFU's numerator
     predicted_peak: Callable[[int], float] | None = None  # the plan's peak bytes at a micro-batch: OOM notes
+    oom_advice: Callable[[int], str | None] | None = None  # the plan's breakdown and remedies at a micro-batch
     on_log: Callable[[StepLog], None] | None = None
     on_event: Callable[[str], None] | None = None  # the trainer's own choices, in words (an OOM retry)
     monitor: Any = None  # a started gpuwise.Monitor: every step's timings go to it (monitor.sampler)
@@ -280,6 +281,13 @@ class Trainer:
                          f"{human_bytes(stats.get('reserved_bytes.all.current', 0))} of {human_bytes(total)}")
         if self.runtime.predicted_peak is not None:
             parts.append(f"the plan predicted a peak of {human_bytes(self.runtime.predicted_peak(micro))}")
+        if self.runtime.oom_advice is not None:
+            try:
+                advice = self.runtime.oom_advice(micro)
+            except GpuwiseError:  # the planner could not capture this model: the allocator's figures stand alone
+                advice = None
+            if advice:
+                parts.append(advice)
         return "; ".join(parts)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
