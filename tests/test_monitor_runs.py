@@ -8,45 +8,23 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import run_cli
 
-# A model whose step takes ~10-20 ms on one core, and a dataset that sleeps 1 ms per item (I/O, not CPU): 32 items a
-# batch is ~32 ms of waiting with no workers, ~4 ms a batch with 8 workers sleeping side by side.
-SLEEPY = '''
-import time
-
-import torch
-from torch import nn
-
-
-def build(batch):
-    return nn.Sequential(nn.Linear(256, 4096), nn.ReLU(), nn.Linear(4096, 10)), torch.randn(batch, 256)
-
-
-class Slow(torch.utils.data.Dataset):
-    def __len__(self):
-        return 4096
-
-    def __getitem__(self, i):
-        time.sleep(0.001)
-        return torch.full((256,), (i % 7) / 7.0), i % 10
-
-
-def dataset():
-    return Slow()
-'''
+# examples/sleepy.py (the README's example): a model whose step takes ~10-20 ms on one core, and a dataset that
+# sleeps 1 ms per item (I/O, not CPU): 32 items a batch is ~32 ms of waiting with no workers, ~4 ms a batch with 8
+# workers sleeping side by side.
+SLEEPY = Path(__file__).resolve().parents[1] / "examples" / "sleepy.py"
 
 ARGS = ["--steps", "16", "--batch", "32", "--micro-batch", "32", "--no-auto", "--log-every", "16", "--json"]
 
 
 @pytest.fixture
-def sleepy(tmp_path):
-    f = tmp_path / "sleepy.py"
-    f.write_text(SLEEPY)
-    return f
+def sleepy():
+    return SLEEPY
 
 
 def _train(capsys, f, *more):

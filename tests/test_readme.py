@@ -15,7 +15,7 @@ import pytest
 from conftest import run_cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-MACHINE_DEPENDENT = ("doctor", "bench", "train", "--local")  # these show this machine: read, not compared
+MACHINE_DEPENDENT = ("doctor", "bench", "train", "watch", "--local")  # these show this machine: read, not compared
 WIDTH = "100"
 
 

@@ -127,7 +127,7 @@ class Monitor:
             self._reader, why = open_nvml(nvml=self._nvml_module)
             self.note = None if self._reader is not None else f"no GPU counters ({why}): watching the CPU side"
         else:
-            self.note = "GPU counters not asked for: watching the CPU side"
+            self.note = "a CPU run"
         self.device_kind = "cuda" if self._reader is not None else self._torch_kind()
         self._sample()  # one at the start: the run's first seconds are part of it
         self._thread = threading.Thread(target=self._run, name="gpuwise-monitor", daemon=True)
