@@ -18,6 +18,8 @@ import argparse
 import statistics
 import time
 
+from gpuwise.training.trainer import LIVE_WINDOW
+
 
 def parts(n: int = 200) -> tuple[float, float]:
     from gpuwise.monitor.sampler import Monitor
@@ -38,6 +40,20 @@ def parts(n: int = 200) -> tuple[float, float]:
     return sample, hook
 
 
+def live_diagnosis(n: int = 200) -> float:
+    """What the progress line's diagnosis costs at a log step: the last LIVE_WINDOW steps and their samples."""
+    from gpuwise.monitor.sampler import Monitor
+    from gpuwise.monitor.samples import HostSample, Sample, StepEvent
+
+    mon = Monitor(gpus=False)
+    mon._steps = [StepEvent(step=i, t=0.1 * i, seconds=0.1, data_wait_s=0.01) for i in range(1, 1001)]
+    mon._samples = [Sample(t=float(t), host=HostSample(cpu_pct=(50.0, 50.0))) for t in range(100)]
+    t = time.perf_counter()
+    for _ in range(n):
+        mon.diagnose(last_steps=LIVE_WINDOW)
+    return (time.perf_counter() - t) / n
+
+
 def end_to_end(runs: int, steps: int) -> tuple[list[float], list[float]]:
     from gpuwise.training.config import TrainConfig, TrainOptions
     from gpuwise.training.run import run_training
@@ -47,10 +63,8 @@ def end_to_end(runs: int, steps: int) -> tuple[list[float], list[float]]:
         monitor = i % 2 == 0
         opts = TrainOptions(auto=False, monitor=monitor,
                             config=TrainConfig(steps=steps, batch=8, micro_batch=8, log_every=steps))
-        t = time.perf_counter()
         summary = run_training(opts)
-        per_step = (time.perf_counter() - t) / summary.steps
-        (on if monitor else off).append(per_step)
+        (on if monitor else off).append(summary.seconds / summary.steps)  # the loop alone, not the set-up
     return on, off
 
 
@@ -60,6 +74,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     sample, hook = parts()
+    live = live_diagnosis()
     print(f"one sample: {1e3 * sample:.2f} ms -> {100 * sample / 1.0:.3f}% of the loop at the default 1 s interval")
     print(f"one step hook: {1e6 * hook:.1f} us")
     on, off = end_to_end(args.runs, args.steps)
@@ -67,6 +82,7 @@ def main() -> None:
     print(f"gpuwise train, {args.steps} steps x {args.runs} runs each, per step: monitor {1e3 * m_on:.2f} ms, "
           f"no monitor {1e3 * m_off:.2f} ms, ratio {m_on / m_off:.3f}")
     print(f"  hook share of that step: {100 * hook / m_on:.3f}%")
+    print(f"diagnosis of the last {LIVE_WINDOW} steps (the progress line's, each log step): {1e3 * live:.2f} ms")
     print(f"  runs with the monitor: {', '.join(f'{1e3 * x:.2f}' for x in on)} ms")
     print(f"  runs without:          {', '.join(f'{1e3 * x:.2f}' for x in off)} ms")
 
