@@ -137,10 +137,11 @@ def test_an_oom_is_recorded_where_it_happens_with_the_plans_breakdown_and_remedi
 
 def test_a_fake_nvml_streams_into_the_monitor_and_a_power_capped_gpu_is_throttled():
     """NVML behind the same interface (tests/test_monitor_nvml.FakeNvml): a busy H100 held at 1,400 of 1,980 MHz by
-    its power cap, replayed through the Monitor's own sampler thread."""
+    a power cap lowered to 450 of its default 700 W, replayed through the Monitor's own sampler thread."""
     import test_monitor_nvml as fake
 
-    nvml = fake.FakeNvml([fake.h100(util_gpu=99, clock_sm=1400, reasons=0x4)])  # SwPowerCap
+    nvml = fake.FakeNvml([fake.h100(util_gpu=99, clock_sm=1400, reasons=0x4, power_mw=449_000,
+                                    power_limit_mw=450_000)])  # SwPowerCap, default limit 700 W
     with Monitor(interval_s=0.01, nvml=nvml, device="cpu") as mon:
         for _ in range(30):
             time.sleep(0.01)

@@ -63,7 +63,7 @@ def h100(**changes) -> dict:
         name="NVIDIA H100 80GB HBM3", util_gpu=97, util_mem=41,
         mem_total=85_520_809_984, mem_used=61_203_283_968,
         processes=[(4242, 40_000_000_000), (4243, 12_000_000_000), (777, 9_000_000_000)],
-        power_mw=612_345, power_limit_mw=700_000, energy_mj=987_654_321,
+        power_mw=612_345, power_limit_mw=700_000, power_default_limit_mw=700_000, energy_mj=987_654_321,
         clock_sm=1_755, clock_mem=2_619, clock_sm_max=1_980, clock_mem_max=2_619,
         reasons=0x4 | 0x20, temp=71, temp_slowdown=87,
         pcie_tx_kb=1_536, pcie_rx_kb=262_144,
@@ -181,6 +181,10 @@ class FakeNvml:
     @_api
     def nvmlDeviceGetEnforcedPowerLimit(self, h):
         return self._dev(h)["power_limit_mw"]
+
+    @_api
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h):
+        return self._dev(h)["power_default_limit_mw"]
 
     @_api
     def nvmlDeviceGetTotalEnergyConsumption(self, h):
@@ -324,7 +328,7 @@ def test_every_field_read_and_converted():
         index=0, name="NVIDIA H100 80GB HBM3", util_pct=97.0, mem_util_pct=41.0,
         memory_used_bytes=61_203_283_968, memory_total_bytes=85_520_809_984,
         process_memory_bytes=40_000_000_000 + 12_000_000_000,  # pid 777 is not watched
-        power_w=612.345, power_limit_w=700.0, energy_j=987_654.321,  # mW, mW, mJ
+        power_w=612.345, power_limit_w=700.0, power_default_limit_w=700.0, energy_j=987_654.321,  # mW, mJ
         sm_clock_mhz=1755.0, sm_clock_max_mhz=1980.0, mem_clock_mhz=2619.0, mem_clock_max_mhz=2619.0,
         clock_reasons=("power cap (software)", "thermal (software)"),  # 0x4 | 0x20
         temperature_c=71.0, temperature_slowdown_c=87.0,
@@ -368,6 +372,7 @@ AFFECTS = {
     "nvmlDeviceGetComputeRunningProcesses": ("process_memory_bytes",),
     "nvmlDeviceGetPowerUsage": ("power_w",),
     "nvmlDeviceGetEnforcedPowerLimit": ("power_limit_w",),
+    "nvmlDeviceGetPowerManagementDefaultLimit": ("power_default_limit_w",),
     "nvmlDeviceGetTotalEnergyConsumption": ("energy_j",),
     "nvmlDeviceGetClockInfo": ("sm_clock_mhz", "mem_clock_mhz"),
     "nvmlDeviceGetMaxClockInfo": ("sm_clock_max_mhz", "mem_clock_max_mhz"),

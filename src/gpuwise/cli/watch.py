@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -36,11 +37,14 @@ def watch(
     gpuwise watch --pid 12345
     """
     check_png(plot)
-    for path, flag in ((plot, "--plot"),):
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            folder = Path(path).parent
-            raise GpuwiseError(f"cannot write {flag} {path}: folder {folder} does not exist",
-                               f"create it: mkdir -p {folder}")
+    if plot is not None:  # checked before the command runs: its exit code must not be lost to a plot
+        folder = Path(plot).resolve().parent
+        if not folder.is_dir():
+            raise GpuwiseError(f"cannot write --plot {plot}: folder {Path(plot).parent} does not exist",
+                               f"create it: mkdir -p {Path(plot).parent}")
+        if not os.access(folder, os.W_OK):
+            raise GpuwiseError(f"cannot write --plot {plot}: folder {Path(plot).parent} is not writable",
+                               "pick a folder you can write to")
     from rich.console import Console
 
     from gpuwise import render
@@ -60,8 +64,10 @@ def watch(
             panel.start(start)
 
     try:
+        # With --json our stdout is the JSON: the command's own stdout goes to stderr, so the JSON parses.
         result = run_watch(command or None, pid=pid, interval_s=interval, log=log, on_start=started,
-                           on_sample=None if panel is None else panel.update)
+                           on_sample=None if panel is None else panel.update,
+                           stdout=2 if json_out else None)  # fd 2: what our stderr is
     finally:
         if panel is not None:
             panel.stop()
@@ -71,7 +77,11 @@ def watch(
     if plot is not None:  # after the summary: a plot that cannot be written loses nothing else
         from gpuwise.plot import plot_watch
 
-        plot_watch(result, plot)
-        if not json_out:
-            print(f"timeline drawn to {plot}")
+        try:
+            plot_watch(result, plot)
+        except GpuwiseError as exc:  # the command's exit code still comes back
+            print(f"warning: {exc}", file=sys.stderr)
+        else:
+            if not json_out:
+                print(f"timeline drawn to {plot}")
     return result.exit_code or 0

@@ -93,6 +93,13 @@ BUSY_UTIL_PCT = 10.0
 # the SM clock below 90 % of max (gpustat#135 compares current with max clocks). GPU Boost moves the clock a few bins
 # with temperature and voltage in a healthy run, so a reason with the clock within 10 % of max is not called a loss.
 THROTTLE_CLOCK_RATIO = 0.90
+# A power cap is a loss only when someone lowered the limit: at the board's default limit a busy H100/H200 runs at its
+# power design point (a GEMM at 699 of 700 W holds ~1.6 of 1.98 GHz), which no setting of ours changes. Lowered =
+# the enforced limit under 95% of nvmlDeviceGetPowerManagementDefaultLimit; unknown default: not judged.
+POWER_LOWERED_RATIO = 0.95
+# Input-bound needs the GPU to wait too: a loop that does not synchronise each step (a user's own, under Monitor)
+# times next() while the GPU still runs queued work, so a high duty cycle over the same span vetoes it.
+INPUT_GPU_BUSY_PCT = 90
 
 # Fragmentation: no published share; torch's docs say reserved >> allocated. We call it when a quarter of the pool is
 # reserved above the peak allocation (the caching allocator's rounding to 2 MiB / 20 MiB blocks explains a few %), and
@@ -302,11 +309,15 @@ def _view(record: Record) -> _View:
 
 def _input_bound(view: _View, ctx: Context) -> tuple[Finding | None, dict[str, Any]]:
     steps = view.steps
-    shares = [s.data_wait_s / s.seconds for s in steps]
+    shares = [min(1.0, s.data_wait_s / s.seconds) if s.seconds > 0 else 0.0 for s in steps]
     p = _persistent(shares, INPUT_WAIT_SHARE, WINDOW_STEPS)
     checked = {"data_wait_share_median": _r(p.median), "data_wait_threshold": INPUT_WAIT_SHARE,
                "steps_over_threshold": _r(p.fraction, 3)}
     if not p.fires:
+        return None, checked
+    busy = _median([d.util_pct for d in view.devices if d.util_pct is not None])
+    if busy is not None and busy >= INPUT_GPU_BUSY_PCT:  # the GPU ran queued work through the waits
+        checked.update(gpu_util_median=_r(busy, 1), gpu_busy_veto=INPUT_GPU_BUSY_PCT)
         return None, checked
     wait = statistics.median(s.data_wait_s for s in steps)
     compute = max(statistics.median(s.seconds - s.data_wait_s for s in steps), 1e-9)
@@ -564,8 +575,13 @@ def _throttled(view: _View) -> tuple[Finding | None, dict[str, Any]]:
     if not readings:
         return None, {"throttle": "no clock reasons with clocks sampled on a busy GPU"}
 
+    def lowered(d: DeviceSample) -> bool:
+        return bool(d.power_limit_w and d.power_default_limit_w
+                    and d.power_limit_w < POWER_LOWERED_RATIO * d.power_default_limit_w)
+
     def kinds(d: DeviceSample) -> set[str]:
-        return {k for r in d.clock_reasons or () if (k := _throttle_kind(r)) is not None}
+        return {k for r in d.clock_reasons or () if (k := _throttle_kind(r)) is not None
+                and (k != "power cap" or lowered(d))}
 
     def throttled(d: DeviceSample) -> bool:
         return bool(kinds(d)) and d.sm_clock_mhz < THROTTLE_CLOCK_RATIO * d.sm_clock_max_mhz  # type: ignore[operator]
@@ -597,9 +613,11 @@ def _throttled(view: _View) -> tuple[Finding | None, dict[str, Any]]:
     fix: list[str] = []
     for k in reasons:
         if k == "power cap":
-            at = f" ({power:.0f} W of {limit:.0f} W)" if power is not None and limit is not None else ""
-            fix.append(f"power cap{at}: check `nvidia-smi -q -d POWER`; if the limit was lowered, restore the board's "
-                       "default with `sudo nvidia-smi -pl <default W>`; at the default it is the board's design limit")
+            default = _median([d.power_default_limit_w for d in hit if d.power_default_limit_w is not None])
+            at = f" ({power:.0f} W of a {limit:.0f} W limit" if power is not None and limit is not None else " ("
+            at += f", lowered from the board's {default:.0f} W)" if default is not None else ")"
+            fix.append(f"power cap{at}: restore the default with `sudo nvidia-smi -pl {default or 0:.0f}` (or ask the "
+                       "admin who lowered it); `nvidia-smi -q -d POWER` shows the limits")
         elif k == "thermal":
             at = f" ({temp:.0f} °C, slowdown at {slow:.0f} °C)" if temp is not None and slow is not None else ""
             fix.append(f"thermal slowdown{at}: improve cooling (fans, airflow, blanking panels, room temperature); "
@@ -619,8 +637,12 @@ def _fragmentation(view: _View) -> tuple[Finding | None, dict[str, Any]]:
     allocs = [s.allocator for s in view.samples if s.allocator is not None and s.allocator.reserved_bytes > 0]
     if not allocs:
         return None, {"allocator": "not sampled"}
-    seen_peak = max(a.allocated_bytes for a in allocs)
-    gaps = [max(0, a.reserved_bytes - max(a.allocated_bytes, a.peak_allocated_bytes or seen_peak)) for a in allocs]
+    # The peak use over the whole window: the trainer resets the allocator's peak every step, so a sample taken
+    # while the loop waits for data sees only the weights and states; the steps' own peaks and the largest sampled
+    # peak say what the pool is for.
+    seen_peak = max([a.allocated_bytes for a in allocs] + [a.peak_allocated_bytes or 0 for a in allocs]
+                    + [s.peak_memory_bytes or 0 for s in view.steps])
+    gaps = [max(0, a.reserved_bytes - max(a.allocated_bytes, seen_peak)) for a in allocs]
     shares = [g / a.reserved_bytes for g, a in zip(gaps, allocs, strict=True)]
     p = _persistent(shares, FRAG_GAP_SHARE, WINDOW_SAMPLES)
     gap = statistics.median(gaps)
@@ -634,7 +656,7 @@ def _fragmentation(view: _View) -> tuple[Finding | None, dict[str, Any]]:
         return None, checked
     reserved = statistics.median(a.reserved_bytes for a in allocs)
     evidence = {**checked, "reserved_bytes_median": int(reserved), "gap_bytes_median": int(gap),
-                "peak_allocated_bytes": max(a.peak_allocated_bytes or seen_peak for a in allocs),
+                "peak_allocated_bytes": seen_peak,
                 "inactive_split_bytes_median": None if split is None else int(split),
                 "min_gap_bytes": FRAG_MIN_GAP_BYTES, "samples": len(allocs),
                 "alloc_retries_first_last": [retries[0], retries[-1]] if len(retries) >= 2 else None}
@@ -664,17 +686,24 @@ def _memory_full(record: Record, view: _View, ctx: Context) -> tuple[Finding | N
                   if s.peak_memory_bytes is not None]
         fracs += [(s.allocator.reserved_bytes / total, "allocator reserved") for s in view.samples
                   if s.allocator is not None]
-    fracs += [(d.memory_used_bytes / d.memory_total_bytes, "device used (NVML)") for d in view.devices
-              if d.memory_used_bytes is not None and d.memory_total_bytes]
+    fracs += [(d.process_memory_bytes / d.memory_total_bytes, "this process on the device (NVML)")
+              for d in view.devices if d.process_memory_bytes and d.memory_total_bytes]
+    # The device-wide figure counts other processes too: it judges only where nothing says what is ours.
+    device_wide = [(d.memory_used_bytes / d.memory_total_bytes, "device used (NVML; other processes included)")
+                   for d in view.devices if d.memory_used_bytes is not None and d.memory_total_bytes]
+    if not fracs:
+        fracs = device_wide
     peak, where = max(fracs) if fracs else (None, None)
     checked = {"peak_memory_share": _r(peak), "memory_full_threshold": MEMORY_FULL_SHARE}
+    if device_wide and fracs is not device_wide and max(device_wide)[0] >= MEMORY_FULL_SHARE > (peak or 0):
+        checked["device_memory_share"] = _r(max(device_wide)[0])  # full, but by other processes: say so only
     oom = record.ooms[0] if record.ooms else None
     if oom is None and (peak is None or peak < MEMORY_FULL_SHARE):
         return None, checked
     evidence: dict[str, Any] = {**checked, "peak_from": where, "memory_total_bytes": None if total is None else
                                 int(total), "ooms": len(record.ooms)}
     if oom is not None:
-        evidence.update(oom_step=oom.step, oom_message=oom.message[:300])
+        evidence.update(oom_step=oom.step, oom_message=oom.message[:2000])
         if oom.allocator is not None:
             evidence.update(oom_reserved_bytes=oom.allocator.reserved_bytes,
                             oom_allocated_bytes=oom.allocator.allocated_bytes)
@@ -882,7 +911,8 @@ def diagnose(record: Record, context: Context | None = None) -> Diagnosis:
         return Diagnosis(bottleneck="healthy", evidence=checked, fix=fix, expected=None, findings=(),
                          steps=len(view.steps), observed_vs_planned=ovp, note=note,
                          summary=f"nothing fired over {len(view.steps)} steps" if view.steps else
-                         f"nothing fired over {len(view.samples)} samples")
+                         f"nothing fired over {len(view.samples)} samples" if len(view.samples) >= MIN_JUDGED_STEPS
+                         else f"too short to judge: {len(view.samples)} samples and no step timings")
     top = findings[0]
     evidence = {**top.evidence, "steps_judged": len(view.steps), "warmup_steps_skipped": view.warmup}
     return Diagnosis(bottleneck=top.bottleneck, evidence=evidence, fix=top.fix, expected=top.expected,

@@ -24,6 +24,7 @@ class HostReader:
         except psutil.Error:
             self.process = None
         self._children: dict[int, psutil.Process] = {}
+        self._is_worker: dict[int, bool] = {}  # pid -> forked from its parent (a DataLoader worker), cached
         self._last_times: psutil._common.scputimes | None = None  # type: ignore[name-defined]
         psutil.cpu_percent(percpu=True)  # prime: the next call measures from here
         with contextlib.suppress(psutil.Error, AttributeError):
@@ -40,11 +41,21 @@ class HostReader:
             return False
 
     def pids(self) -> set[int]:
-        """The process and its children now (for NVML's per-process memory)."""
-        found = {self.pid}
-        with contextlib.suppress(psutil.Error, AttributeError):
-            found |= {c.pid for c in self.process.children(recursive=True)}
-        return found
+        """The process and its descendants as of the last ``read`` (for NVML's per-process memory)."""
+        return {self.pid, *self._children}
+
+    def _worker(self, child: psutil.Process) -> bool:
+        """A DataLoader worker is forked: the same command line as its parent. torchrun's ranks, mp.spawn's
+        processes and compile workers are started anew, with their own command lines: not workers."""
+        hit = self._is_worker.get(child.pid)
+        if hit is None:
+            try:
+                parent = child.parent()
+                hit = parent is not None and child.cmdline() == parent.cmdline()
+            except psutil.Error:
+                hit = False
+            self._is_worker[child.pid] = hit
+        return hit
 
     def read(self) -> HostSample:
         per_core = tuple(float(x) for x in psutil.cpu_percent(percpu=True))
@@ -54,16 +65,18 @@ class HostReader:
             with contextlib.suppress(psutil.Error):
                 process_cpu = float(self.process.cpu_percent())
             with contextlib.suppress(psutil.Error):
-                children = self.process.children(recursive=True)
+                children = self.process.children(recursive=True)  # once a sample: pids() reuses it
                 known, self._children = self._children, {}
-                total = 0.0
+                total, n = 0.0, 0
                 for child in children:
                     proc = known.get(child.pid, child)
+                    self._children[child.pid] = proc
+                    if not self._worker(proc):
+                        continue
+                    n += 1
                     with contextlib.suppress(psutil.Error):
-                        # a child's first call primes it (0.0); it counts from the next sample on
-                        total += proc.cpu_percent()
-                        self._children[child.pid] = proc
-                workers, workers_cpu = len(children), total
+                        total += proc.cpu_percent()  # a child's first call primes it (0.0); it counts from the next
+                workers, workers_cpu = n, total
         iowait = None
         with contextlib.suppress(Exception):
             now = psutil.cpu_times()

@@ -213,6 +213,7 @@ class NvmlReader:
         memory = self._call(dev, "memory", "nvmlDeviceGetMemoryInfo")
         power = self._call(dev, "power", "nvmlDeviceGetPowerUsage")  # mW; Ampere+ (not GA100): a 1 s average
         limit = self._call(dev, "power_limit", "nvmlDeviceGetEnforcedPowerLimit")  # mW
+        default_limit = self._static(dev, "power_default_limit", "nvmlDeviceGetPowerManagementDefaultLimit")  # mW
         energy = self._call(dev, "energy", "nvmlDeviceGetTotalEnergyConsumption")  # mJ since driver load; Volta+
         sm_clock, mem_clock = c("NVML_CLOCK_SM", 1), c("NVML_CLOCK_MEM", 2)
         reasons = self._call(dev, "clock_reasons", ("nvmlDeviceGetCurrentClocksEventReasons",
@@ -236,6 +237,7 @@ class NvmlReader:
             process_memory_bytes=None if pids is None else self._process_memory(dev, pids),
             power_w=_scaled(power, 1e-3),
             power_limit_w=_scaled(limit, 1e-3),
+            power_default_limit_w=_scaled(default_limit, 1e-3),
             energy_j=_scaled(energy, 1e-3),
             sm_clock_mhz=_scaled(self._call(dev, "sm_clock", "nvmlDeviceGetClockInfo", sm_clock), 1),
             sm_clock_max_mhz=_scaled(self._static(dev, "sm_clock_max", "nvmlDeviceGetMaxClockInfo", sm_clock), 1),

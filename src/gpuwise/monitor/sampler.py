@@ -18,6 +18,7 @@ JSON lines, so a watch from outside joins the loop's own timings with what it sa
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import threading
@@ -32,6 +33,8 @@ from gpuwise.monitor.host import HostReader, usable_cores
 from gpuwise.monitor.samples import AllocatorSample, OomEvent, Record, Sample, StepEvent, to_line
 
 EVENTS_ENV = "GPUWISE_WATCH_EVENTS"
+MAX_SAMPLES = 7200  # kept in memory: two hours at 1 Hz (--log keeps them all); older ones are dropped
+MAX_STEPS = 100_000  # likewise for step events (about 20 MB)
 
 
 def allocator_sample(device: Any) -> AllocatorSample | None:
@@ -96,6 +99,8 @@ class Monitor:
         self._last_step_end: float | None = None
         self._wait = 0.0  # seconds blocked in next() since the last step ended
         self._wait_cpu = 0.0  # this process's CPU seconds meanwhile
+        self._n_steps = 0
+        self._start_device: Any = None
         self._loader: Loader | None = None
         self._log_path = None if log is None else Path(log)
         self._log = None
@@ -112,6 +117,14 @@ class Monitor:
             return self
         from gpuwise.files import open_log
 
+        self._stop.clear()  # a monitor can be started again after stop()
+        self.device = self._resolve_device(self.device)
+        self._start_device = None
+        import torch
+
+        if self.device is None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            self._start_device = torch.device("cuda", torch.cuda.current_device())
+
         if self._log_path is not None:
             self._log = open_log(self._log_path)
         events = os.environ.get(EVENTS_ENV)
@@ -124,7 +137,9 @@ class Monitor:
         if self._want_gpus:
             from gpuwise.monitor.nvml import open_nvml
 
-            self._reader, why = open_nvml(nvml=self._nvml_module)
+            self._reader, why = open_nvml(self._nvml_indices(), nvml=self._nvml_module)
+            if self._reader is None and "has no GPU" in (why or ""):  # the mapping was wrong: every GPU then
+                self._reader, why = open_nvml(nvml=self._nvml_module)
             self.note = None if self._reader is not None else f"no GPU counters ({why}): watching the CPU side"
         else:
             self.note = "a CPU run"
@@ -157,6 +172,47 @@ class Monitor:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @staticmethod
+    def _resolve_device(device: Any) -> Any:
+        """``cuda`` without an index means the current device of the thread that starts the monitor (the
+        sampler thread's own current device is always 0)."""
+        if device is None:
+            return None
+        import torch
+
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return dev
+
+    def _allocator_device(self) -> Any:
+        """The CUDA device whose allocator to read: the loop's, else the current device of the thread that started
+        the monitor once CUDA is up (never initialising CUDA for a program that does not use it)."""
+        return self.device if self.device is not None else self._start_device
+
+    def _learn_device(self) -> None:
+        """On the loop's thread (``step``): its current CUDA device, once CUDA is up."""
+        if self.device is None and self._start_device is None and self.device_kind == "cuda":
+            import torch
+
+            if torch.cuda.is_initialized():
+                self._start_device = torch.device("cuda", torch.cuda.current_device())
+
+    def _nvml_indices(self) -> list[int] | None:
+        """NVML's index of the loop's own CUDA device (NVML ignores CUDA_VISIBLE_DEVICES and counts every GPU of
+        the node); None (every GPU, filtered later to those holding this process's memory) when unknown."""
+        if self.device is None:
+            return None
+        try:
+            import torch
+
+            dev = torch.device(self.device)
+            if dev.type != "cuda" or not torch.cuda.is_available():
+                return None
+            return [int(torch.cuda._get_nvml_device_index(dev))]  # honours CUDA_VISIBLE_DEVICES and UUIDs
+        except Exception:  # an older torch, or no mapping: fall back to the process filter
+            return None
+
     def _torch_kind(self) -> str:
         """What the loop runs on: the device given, else CUDA where NVML sees GPUs, else the CPU (the monitor
         does not choose a device: pass ``device`` for MPS)."""
@@ -182,7 +238,7 @@ class Monitor:
             devices = self._reader.read(pids) if self._reader is not None else ()
         except Exception:  # likewise
             devices = ()
-        device = self.device if self.device is not None else ("cuda" if self.device_kind == "cuda" else None)
+        device = self._allocator_device()
         try:
             alloc = allocator_sample(device)
         except Exception:  # likewise
@@ -190,6 +246,8 @@ class Monitor:
         sample = Sample(t=t, devices=tuple(devices or ()), allocator=alloc, host=host)
         with self._lock:
             self._samples.append(sample)
+            if len(self._samples) > MAX_SAMPLES:
+                del self._samples[: len(self._samples) - MAX_SAMPLES]
             self._write(sample, events=False)
 
     def _write(self, item, *, events: bool) -> None:
@@ -202,7 +260,7 @@ class Monitor:
             try:
                 f.write(line)
                 f.flush()
-            except OSError:
+            except (OSError, ValueError):  # a full disk, or a file closed under a thread that outlived stop()
                 setattr(self, name, None)
 
     # -- the loop's events ---------------------------------------------------------------------------------------
@@ -230,24 +288,29 @@ class Monitor:
         """End a step. Without ``seconds``: the time since the previous step ended (or since start); without
         ``data_wait_s``: the waits ``loader()`` timed since then."""
         now = time.perf_counter()
+        self._learn_device()
         if seconds is None:
             seconds = now - (self._last_step_end if self._last_step_end is not None else self._t0)
         if data_wait_s is None:
             data_wait_s, data_wait_cpu_s = self._wait, self._wait_cpu
         self._wait, self._wait_cpu, self._last_step_end = 0.0, 0.0, now
+        data_wait_s = min(data_wait_s, seconds)  # the wait is part of the step: a step given without it holds it
         with self._lock:
-            event = StepEvent(step=len(self._steps) + 1, t=now - self._t0, seconds=float(seconds),
+            self._n_steps += 1
+            event = StepEvent(step=self._n_steps, t=now - self._t0, seconds=float(seconds),
                               data_wait_s=float(data_wait_s), data_wait_cpu_s=data_wait_cpu_s,
                               compute_s=compute_s, optimizer_s=optimizer_s,
                               comm_s=comm_s, exposed_comm_s=exposed_comm_s, peak_memory_bytes=peak_memory_bytes,
                               flops=flops)
             self._steps.append(event)
+            if len(self._steps) > MAX_STEPS:
+                del self._steps[: len(self._steps) - MAX_STEPS]
             self._write(event, events=True)
         return event
 
     def oom(self, step: int, message: str) -> OomEvent:
         """Record an out-of-memory error with the allocator as it is now."""
-        device = self.device if self.device is not None else ("cuda" if self.device_kind == "cuda" else None)
+        device = self._allocator_device()
         with self._lock:
             event = OomEvent(step=step, t=time.perf_counter() - self._t0, message=message,
                              allocator=allocator_sample(device))
@@ -258,15 +321,21 @@ class Monitor:
     # -- results ----------------------------------------------------------------------------------------------
 
     def record(self, *, last_steps: int | None = None) -> Record:
-        """What the monitor saw; ``last_steps``: only the last steps and the samples since the first of them."""
+        """What the monitor saw (the last MAX_SAMPLES samples and MAX_STEPS steps); ``last_steps``: only the last
+        steps and the samples since the first of them. Reading every GPU of the node (the loop's own was not
+        mapped), the samples keep the GPUs that hold this process's memory, where NVML says which."""
         with self._lock:
             steps, samples = self._steps, self._samples
             if last_steps is not None and len(steps) > last_steps:
                 steps = steps[-last_steps:]
                 since = steps[0].t - steps[0].seconds
-                samples = [s for s in samples if s.t >= since]
-            return Record(samples=tuple(samples), steps=tuple(steps), ooms=tuple(self._ooms),
-                          interval_s=self.interval_s, device_kind=self.device_kind, note=self.note)
+                samples = samples[bisect.bisect_left(samples, since, key=lambda s: s.t):]
+            samples, ooms = list(samples), tuple(self._ooms)
+        mine = {d.index for s in samples for d in s.devices if d.process_memory_bytes}
+        if mine and any(d.index not in mine for s in samples for d in s.devices):
+            samples = [replace(s, devices=tuple(d for d in s.devices if d.index in mine)) for s in samples]
+        return Record(samples=tuple(samples), steps=tuple(steps), ooms=ooms, interval_s=self.interval_s,
+                      device_kind=self.device_kind, note=self.note)
 
     def default_context(self) -> Context:
         """What the monitor knows of the machine and the loader, for the diagnosis."""

@@ -31,6 +31,7 @@ class DeviceSample:
     process_memory_bytes: int | None = None  # the watched processes only (nvmlDeviceGetComputeRunningProcesses)
     power_w: float | None = None
     power_limit_w: float | None = None  # enforced limit
+    power_default_limit_w: float | None = None  # the board's default limit: a lower enforced one was set by someone
     energy_j: float | None = None  # nvmlDeviceGetTotalEnergyConsumption since the driver loaded (Volta+)
     sm_clock_mhz: float | None = None
     sm_clock_max_mhz: float | None = None

@@ -289,10 +289,14 @@ def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STE
                        before_data_wait=summary.data_wait, after_data_wait=None, speedup=None)
     if summary.diagnosis is None:
         return replace(nothing, note="the run was not monitored (--no-monitor): nothing to compare")
-    if summary.diagnosis.bottleneck != "input-bound" or not change:
-        wait = "" if summary.data_wait is None else f" (data wait {100 * summary.data_wait:.0f}% of a step)"
+    finding = next((f for f in summary.diagnosis.findings if f.bottleneck == "input-bound"), None)
+    wait = "" if summary.data_wait is None else f" (data wait {100 * summary.data_wait:.0f}% of a step)"
+    if finding is None:
         return replace(nothing, note=f"the run is {summary.diagnosis.bottleneck}, not input-bound{wait}: "
                                      "no loader change to try")
+    if "num_workers" not in change:
+        return replace(nothing, note=f"the run is input-bound{wait}, but more workers would not help: "
+                                     f"{finding.fix[0] if finding.fix else 'a faster dataset'}")
     if not opts.data:
         return replace(nothing, note="the built-in example makes its batches in memory, with no DataLoader to "
                                      "change: --fix-input applies to --data")
@@ -333,7 +337,11 @@ def _context(task, target: Target, config, world: int, one, micro: int, predicte
         w = simulate(task.source, setup, batch_model=False)
         t = step_time(per_gpu(w, setup), row)
         kernels = int(w.costs.count[w.costs.kind != NONE].sum())  # ops that launch a kernel
-        return _replace(ctx, peak_tflops=row.peak_tflops.get(PRECISIONS[config.precision].rate_key),
+        from gpuwise.planning.plan import plan
+
+        remedies = tuple(f"{r.name}: add {r.flags}" if r.flags else r.name
+                         for r in plan(task.source, setup, gpu=row.key).remedies if r.fits)
+        return _replace(ctx, remedies=remedies, peak_tflops=row.peak_tflops.get(PRECISIONS[config.precision].rate_key),
                         bandwidth_gbps=row.memory_bandwidth_gbps, planned_step_s=None if t is None else t.seconds,
                         planned_peak_bytes=predicted_peak(micro), planned_bytes_per_step=float(w.bytes_per_step),
                         kernels_per_step=kernels)

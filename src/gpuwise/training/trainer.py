@@ -310,8 +310,11 @@ class Trainer:
                 grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             self.scaler.step(self.optimizer)
         except OutOfMemory as exc:
-            raise GpuwiseError(self._explain_oom(self.micro_batch).replace(
-                "out of memory at micro-batch", "out of memory in the optimizer step, micro-batch"),
+            why = self._explain_oom(self.micro_batch).replace("out of memory at micro-batch",
+                                                              "out of memory in the optimizer step, micro-batch")
+            if self.monitor is not None:
+                self.monitor.oom(self.step + 1, why)
+            raise GpuwiseError(why,
                 "the weights, gradients and optimizer states alone do not fit: gpuwise plan shows the "
                 "remedies (bf16, sharding, LoRA)") from exc
         self.scaler.update()
