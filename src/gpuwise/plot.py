@@ -254,10 +254,10 @@ def plot_watch(result, path: str | os.PathLike) -> None:
             ax.legend(loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel("seconds since the command started")
     what = " ".join(result.command) if result.command else f"pid {result.pid}"
-    title = (what if len(what) <= 80 else what[:77] + "...") + f": {result.diagnosis.bottleneck}"
+    title = (what if len(what) <= 70 else what[:67] + "...") + f"\n{result.diagnosis.bottleneck}"
     if not by_index:
         title += " (no GPU counters: the CPU side)"
-    axes[0, 0].set_title(title, fontsize=10)
+    axes[0, 0].set_title(title, fontsize=9)  # two lines: the command, then the verdict, within the figure
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
