@@ -10,6 +10,10 @@ import typer
 from gpuwise.cli._app import DeviceOption, JsonFlag, app, check_png
 from gpuwise.errors import GpuwiseError
 
+LOSS_HELP = ("A decoder LM's loss: standard (the whole logits up-cast to fp32, as transformers does), chunked "
+             "(torchtune's chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger "
+             "runs it) [standard].")
+
 
 @app.command()
 def plan(
@@ -34,6 +38,7 @@ def plan(
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
     attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
                                                        "built-in GPT and Llama models.")] = None,
+    loss: Annotated[str | None, typer.Option(help=LOSS_HELP)] = None,
     gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
                                                  "fit (default: every catalog GPU; remedies for --device's "
                                                  "GPU, else h100-sxm).")] = None,
@@ -69,6 +74,7 @@ def plan(
     given = {"task": task, "seq": seq, "image_size": image_size, "precision": precision,
              "optimizer": optimizer, "checkpointing": checkpointing, "sharding": sharding,
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
+    given |= {"loss": loss}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or 1,
                             **{k: v for k, v in given.items() if v is not None})
     result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)

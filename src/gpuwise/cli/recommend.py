@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import JsonFlag, app, check_png
+from gpuwise.cli.plan import LOSS_HELP
 from gpuwise.errors import GpuwiseError
 
 _UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -56,6 +57,7 @@ def recommend(
                         ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
+    loss: Annotated[str | None, typer.Option(help=LOSS_HELP)] = None,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
     samples: Annotated[float | None, typer.Option(help="The goal in samples (images, sequences).")] = None,
     epochs: Annotated[float | None, typer.Option(help="The goal in epochs of --dataset-size samples.")] = None,
@@ -120,6 +122,8 @@ def recommend(
         gpus=tuple(catalog.get(g).key for g in _list(gpu)), segments=_list(segment), vendors=_list(vendor),
         ecosystem=ecosystem, rent=rent, buy=bought)
     goal = Goal(tokens=tokens, samples=samples)
+    if serving and loss is not None:
+        raise GpuwiseError("--loss has no meaning when serving", "drop --loss")
     if serving:
         trained = [f for f, v in (("--checkpointing", checkpointing), ("--sharding", sharding),
                                   ("--lora-rank", lora_rank), ("--seq", seq)) if v is not None]
@@ -142,6 +146,7 @@ def recommend(
         raise GpuwiseError(f"{served[0]} applies to serving", f"add --serve, or drop {served[0]}")
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
              "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None}
+    given |= {"loss": loss}
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
                             **{k: v for k, v in given.items() if v is not None and k != "sharding"})
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,

@@ -55,6 +55,10 @@ def train(
                                                       "checkpoints); zero1/zero2 are plan only "
                                                       f"{_default(TrainConfig, 'sharding')}.")] = None,
     task: Annotated[str | None, typer.Option(help="train; finetune-lora and infer are plan only \\[train].")] = None,
+    loss: Annotated[str | None, typer.Option(help="standard, chunked (torchtune's chunked cross-entropy) or fused "
+                                                  "(a fused linear + cross-entropy, as Liger runs it): --example "
+                                                  "text runs it; plan only for other models \\[standard].")
+                    ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="Plan only (finetune-lora).")] = False,
     fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel \\[fused on GPUs].")] = None,
@@ -99,6 +103,7 @@ def train(
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
              "seed": seed, "checkpoint_every": checkpoint_every, "eval_every": eval_every, "log_every": log_every,
              "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing}
+    given |= {"loss": loss}
     config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
     chosen = {"example": example, "auto": auto, "task": task}
     options = TrainOptions(model=model, data=data, seq=seq, image_size=image_size, device=device, gpus=n_gpus,

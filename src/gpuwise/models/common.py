@@ -5,12 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gpuwise.models.loss import lm_loss  # noqa: F401  (the standard loss, where it was)
+
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (K, V) pair per block, each (B, n_kv_heads, S, hs)
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Next-token cross-entropy over a (B, T, V) logits tensor."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.models.common import KVCache, causal_attention, lm_loss
+from gpuwise.models.common import KVCache, causal_attention
+from gpuwise.models.loss import causal_lm_loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +23,7 @@ class GPTConfig:
     vocab_size: int = 50257
     block_size: int = 1024  # learned positions, hence the longest sequence
     attn_impl: str = "sdpa"  # or "gpuwise": gpuwise.ops.attention (block-sparse FlashAttention in Triton)
+    loss: str = "standard"  # or "chunked", "fused": the training loss's path (gpuwise.models.loss)
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,8 +97,10 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for i, block in enumerate(self.blocks):
             x = block(x, None if kv_cache is None else kv_cache[i])
-        logits = self.lm_head(self.ln_f(x))
-        return logits if targets is None else lm_loss(logits, targets)
+        h = self.ln_f(x)
+        if targets is None:
+            return self.lm_head(h)
+        return causal_lm_loss(self.cfg.loss, h, self.lm_head, targets)
 
     def kv_cache_shape(self, batch: int, seq: int) -> tuple[int, int, int, int]:
         return (batch, self.cfg.n_head, seq, self.cfg.n_embd // self.cfg.n_head)

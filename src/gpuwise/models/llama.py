@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.models.common import KVCache, causal_attention, lm_loss
+from gpuwise.models.common import KVCache, causal_attention
+from gpuwise.models.loss import causal_lm_loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +25,7 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     attn_impl: str = "sdpa"  # or "gpuwise": gpuwise.ops.attention (block-sparse FlashAttention in Triton)
+    loss: str = "standard"  # or "chunked", "fused": the training loss's path (gpuwise.models.loss)
 
 
 class RMSNorm(nn.Module):
@@ -116,8 +118,10 @@ class Llama(nn.Module):
         cos, sin = self.rope(idx.shape[1], idx.device)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, None if kv_cache is None else kv_cache[i])
-        logits = self.output(self.norm(x))
-        return logits if targets is None else lm_loss(logits, targets)
+        h = self.norm(x)
+        if targets is None:
+            return self.output(h)
+        return causal_lm_loss(self.cfg.loss, h, self.output, targets)
 
     def kv_cache_shape(self, batch: int, seq: int) -> tuple[int, int, int, int]:
         return (batch, self.cfg.n_kv_head, seq, self.cfg.dim // self.cfg.n_head)

@@ -48,7 +48,8 @@ class CudaEmulation(TorchFunctionMode):
     """Run CPU tensors as CUDA would: dropout through ``native_dropout``, and with ``autocast`` set, cast
     arguments as ``torch.autocast("cuda", autocast)`` does.
 
-    Like CUDA autocast, casts of leaf tensors that require grad (the weights) are cached for the whole
+    Like CUDA autocast, casts of leaf tensors that require grad (the weights; not their views, as
+    aten/src/ATen/autocast_mode.cpp ``cached_cast`` says: ``!arg.is_view()``) are cached for the whole
     forward pass, so each weight is cast once; ``cache=False`` for the recomputation that activation
     checkpointing runs during backward (the real one opens a fresh autocast there). One mode does both:
     checkpointing's early stop raises through the recomputation, and two stacked modes lose their order.
@@ -63,7 +64,7 @@ class CudaEmulation(TorchFunctionMode):
     def _cast(self, x: object, dtype: torch.dtype) -> object:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dtype in (dtype, torch.float64):
             return x
-        if self.cache and x.is_leaf and x.requires_grad:
+        if self.cache and x.is_leaf and x.requires_grad and x._base is None:  # autocast caches no views
             hit = self._cached.get(id(x))
             if hit is None or hit[0] is not x:
                 hit = (x, x.to(dtype))

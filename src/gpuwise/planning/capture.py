@@ -254,6 +254,8 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             with (_emulation(setup, device, autocast=mixed, cache=True),
                   torch.autograd.graph.saved_tensors_hooks(saved, lambda t: t), _model_errors(source.name)):
                 out = built.run(model, built.inputs, built.targets, kv_cache)
+            if built.cache_tensors is not None:  # a cache the model allocated itself (transformers' DynamicCache)
+                tracker.tag(built.cache_tensors(out), "kv_cache")
             tracker.mark("end_of_forward")
             return out
 

@@ -15,6 +15,7 @@ Optimizer = Literal["adamw", "sgd"]
 Checkpointing = Literal["none", "full"]
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
+Loss = Literal["standard", "chunked", "fused"]  # gpuwise.models.loss
 
 MAX_BATCH = 1 << 20
 MAX_ACCUM = 1 << 16
@@ -54,6 +55,9 @@ class Setup:
     lora_rank: int = 16  # used by finetune-lora
     qlora: bool = False  # finetune-lora with the frozen base stored in 4 bits (NF4 + double quantisation)
     attention: Attention = "sdpa"  # the built-in GPT and Llama models: SDPA or gpuwise.ops.attention
+    # a decoder LM's training loss: logits up-cast whole (transformers), torchtune's chunked cross-entropy, or a
+    # fused linear + cross-entropy as Liger runs it (gpuwise.models.loss)
+    loss: Loss = "standard"
 
     def __post_init__(self) -> None:
         _choice("task", self.task, Task)
@@ -62,6 +66,10 @@ class Setup:
         _choice("checkpointing", self.checkpointing, Checkpointing)
         _choice("sharding", self.sharding, Sharding)
         _choice("attention", self.attention, Attention)
+        _choice("loss", self.loss, Loss)
+        if self.loss != "standard" and not self.training:
+            raise GpuwiseError(f"--loss {self.loss} has no meaning for --task infer",
+                               "drop --loss, or plan --task train")
         _positive("micro_batch", self.micro_batch, MAX_BATCH)
         _positive("seq", self.seq, 1 << 24)
         _positive("image_size", self.image_size, 1 << 14)
@@ -147,4 +155,6 @@ class Setup:
             parts.append(f"{'QLoRA' if self.qlora else 'LoRA'} rank {self.lora_rank}")
         if self.gpus > 1:
             parts.append(f"{self.gpus} GPUs {self.sharding}")
+        if self.loss != "standard":
+            parts.append({"chunked": "chunked cross-entropy", "fused": "fused linear + cross-entropy"}[self.loss])
         return " · ".join(p for p in parts if p)

@@ -5,21 +5,26 @@ Every source builds *inside* the fake mode, so nothing is allocated and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from gpuwise.compat import tree_leaves
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.models import ZooModel, get_model
+from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning.setup import Setup
 
 
@@ -40,6 +45,8 @@ class Built:
     targets: torch.Tensor | None
     run: Callable[..., torch.Tensor]  # run(model, inputs, targets, kv_cache) -> loss (training) or output
     kv_cache_shape: tuple[int, ...] | None = None  # per block, for decoder inference
+    # the KV cache a model allocates itself while it runs (transformers' cache classes): its tensors in the output
+    cache_tensors: Callable[[Any], list[torch.Tensor]] | None = None
 
 
 def _scalar_loss(out: Any) -> torch.Tensor:
@@ -86,6 +93,9 @@ class ZooSource:
         if setup.attention != "sdpa" and not hasattr(z.config, "attn_impl"):
             raise GpuwiseError(f"--attention {setup.attention} applies to the GPT and Llama models, not {z.name}",
                                "drop --attention")
+        if setup.loss != "standard" and z.family != "decoder":
+            raise GpuwiseError(f"--loss {setup.loss} applies to decoder language models (GPT, Llama, a causal LM "
+                               f"--hf-config), not {z.name}", "drop --loss")
         if setup.seq is not None and z.inputs != "tokens":
             raise GpuwiseError(f"--seq does not apply to {z.name}, which takes {z.inputs}",
                                "use --image-size for image models" if z.inputs == "image" else "drop --seq")
@@ -110,6 +120,8 @@ class ZooSource:
         z = self.zoo
         if setup.attention != "sdpa":
             z = replace(z, config=replace(z.config, attn_impl=setup.attention))
+        if setup.loss != "standard":
+            z = replace(z, config=replace(z.config, loss=setup.loss))
         model = z.instantiate(n_layer)
         inputs, targets = z.make_inputs(batch, seq=setup.seq, image_size=setup.image_size, dtype=setup.input_dtype)
         kv = None
@@ -166,6 +178,9 @@ class FileSource:
         if setup.attention != "sdpa":
             raise GpuwiseError("--attention applies to the built-in GPT and Llama models",
                                "call gpuwise.ops.attention in your model instead")
+        if setup.loss != "standard":
+            raise GpuwiseError(f"--loss {setup.loss} applies to the built-in decoders and --hf-config causal LMs",
+                               "compute the loss you run in your model, or drop --loss")
         if setup.seq is not None or setup.image_size is not None:
             raise GpuwiseError("--seq and --image-size do not apply to a model from a file",
                                "size the inputs in your function; it receives batch_size only")
@@ -279,10 +294,19 @@ class HFSource:
                 return self.config[key]
         return None
 
+    @property
+    def causal_lm(self) -> bool:
+        """The config names a causal LM (an LM head over a decoder), or no class (built as one)."""
+        arch = next(iter(self.config.get("architectures") or []), None)
+        return not isinstance(arch, str) or arch.endswith(("ForCausalLM", "LMHeadModel"))
+
     def check(self, setup: Setup) -> None:
         if setup.attention != "sdpa":
             raise GpuwiseError("--attention applies to the built-in GPT and Llama models",
                                "plan a built-in model, e.g. --model llama3-8b --attention gpuwise")
+        if setup.loss != "standard" and not self.causal_lm:
+            arch = (self.config.get("architectures") or [self.config["model_type"]])[0]
+            raise GpuwiseError(f"--loss {setup.loss} applies to causal language models, not {arch}", "drop --loss")
         if setup.image_size is not None:
             raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
         if setup.seq is not None and self.max_positions is not None and setup.seq > self.max_positions:
@@ -330,16 +354,95 @@ class HFSource:
         else:
             labels = None  # a bare model: the loss is output.float().square().mean()
 
+        # Inference of a decoder fills transformers' own KV cache (a DynamicCache, one K and V per layer, each
+        # (B, kv_heads, T, head_dim) for the T tokens given), as generate() does in its prefill.
+        key = (json.dumps(cfg_dict, sort_keys=True, default=str), type(model).__name__)
+        cached = not setup.training and self.causal_lm and _cache_runs(model, key)
+        outside = setup.training and setup.loss != "standard"  # the loss computed outside the model
+        if outside and (not isinstance(model.get_output_embeddings(), nn.Linear)
+                        or getattr(model, "base_model", model) is model):
+            raise GpuwiseError(f"--loss {setup.loss} needs a causal LM's linear LM head; {name} has none",
+                               "drop --loss")
+
         def run(model, inputs, targets, kv_cache):
-            kwargs = {"use_cache": False} if getattr(model.config, "use_cache", None) is not None else {}
-            if targets is not None:
-                kwargs["labels"] = targets
-            out = model(input_ids=inputs[0], **kwargs)
+            kwargs = {"use_cache": cached} if getattr(model.config, "use_cache", None) is not None else {}
+            with _real_masks():
+                if outside and targets is not None:
+                    # Liger and torchtune take the loss out of the model: the last hidden state and the LM head
+                    out = model.base_model(input_ids=inputs[0], **kwargs)
+                    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+                    shifted = F.pad(targets, (0, 1), value=IGNORE_INDEX)[..., 1:]  # as transformers shifts labels
+                    return causal_lm_loss(setup.loss, hidden, model.get_output_embeddings(), shifted)
+                if targets is not None:
+                    kwargs["labels"] = targets
+                out = model(input_ids=inputs[0], **kwargs)
             if not setup.training:
                 return out
             return out.loss if targets is not None else _scalar_loss(getattr(out, "last_hidden_state", out))
 
-        return Built(model=model, inputs=(ids,), targets=labels if setup.training else None, run=run)
+        return Built(model=model, inputs=(ids,), targets=labels if setup.training else None, run=run,
+                     cache_tensors=_cache_tensors if cached else None)
+
+
+_CACHE_RUNS: dict[tuple[str, str], bool] = {}
+
+
+def _cache_runs(model: nn.Module, key: tuple[str, str]) -> bool:
+    """Whether the model's cache path runs (tried once per config on one fake token): a hybrid stack captured with
+    too few blocks to hold an attention layer (Jamba's, say) has no KV cache to fill, and transformers says so by
+    raising. Such a model is planned without a cache, as before."""
+    hit = _CACHE_RUNS.get(key)
+    if hit is None:
+        try:
+            with torch.no_grad(), _real_masks(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=True)
+            hit = True
+        except Exception:
+            hit = False
+        _CACHE_RUNS[key] = hit
+    return hit
+
+
+def _cache_tensors(out: Any) -> list[torch.Tensor]:
+    """The key and value tensors of the cache in a transformers output (``cache`` from 5.x on, else
+    ``past_key_values``): a Cache with ``layers`` (5.x), ``key_cache``/``value_cache`` lists (4.x), or tuples."""
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)
+    if cache is None:
+        return []
+    if hasattr(cache, "layers"):
+        parts = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    elif hasattr(cache, "key_cache"):
+        parts = [*cache.key_cache, *cache.value_cache]
+    else:
+        parts = list(tree_leaves(cache))
+    return [t for t in parts if isinstance(t, torch.Tensor)]
+
+
+@contextlib.contextmanager
+def _real_masks() -> Iterator[None]:
+    """Let transformers build the attention mask a real run builds.
+
+    Given no attention mask and no cache, transformers (masking_utils, 4.53 on) checks the position ids for packed
+    sequences; a fake tensor has no values, so ``find_packed_sequence_indices`` takes it for packed (its ``is_tracing``
+    counts fake tensors) and an explicit (B, 1, T, T) mask is built and kept by every layer's attention, with
+    repeated K and V heads for grouped-query attention. On the GPU the ids are the ``arange`` the model makes
+    itself: one sequence per row, no mask, SDPA with ``is_causal`` (and ``enable_gqa``). Answer as it does there."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        masking_utils = None
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
 
 
 def resolve_source(model: str | None, hf_config: str | None) -> ZooSource | FileSource | HFSource:

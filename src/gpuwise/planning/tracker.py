@@ -200,6 +200,8 @@ def op_flops(func, args, kwargs, out) -> int | None:
             return int(_sdpa_forward_flops(args[0], args[1], False) * args[4])
         if packet.__name__ == "attention_cost_backward":  # 7 tile matmuls to the forward's 2: without atomics
             return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 7 / 2)  # QK^T and dP run twice
+    if packet in (aten.addmm, aten.baddbmm) and len(args) > 3:  # the out_dtype overloads: (self, a, b, out_dtype)
+        args = args[:3]
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
     name = packet.__name__

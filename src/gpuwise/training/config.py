@@ -51,6 +51,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     checkpointing: Checkpointing = "none"  # full: recompute every block in backward (activation checkpointing)
     sharding: TrainSharding = "ddp"  # under torchrun: replicate, or shard with FSDP2
+    loss: str = "standard"  # chunked or fused (gpuwise.models.loss): run for --example text, plan only otherwise
 
     def __post_init__(self) -> None:
         from gpuwise.planning.setup import Checkpointing, _choice, _positive
@@ -58,6 +59,9 @@ class TrainConfig:
         if self.precision is not None:
             _choice("precision", self.precision, Precision)
         _choice("checkpointing", self.checkpointing, Checkpointing)
+        from gpuwise.planning.setup import Loss
+
+        _choice("loss", self.loss, Loss)
         if self.sharding in ("zero1", "zero2"):
             raise plan_only(f"--sharding {self.sharding} is planned by gpuwise plan, not run by gpuwise train",
                             "use --sharding fsdp under torchrun (it shards weights, gradients and optimizer state)")
@@ -107,7 +111,7 @@ class TrainConfig:
             raise ValueError("to_setup needs a precision: call for_device first")
         return Setup.for_batch(batch=self.batch, micro_batch=self.micro_batch, gpus=gpus, seq=seq,
                                precision=self.precision, checkpointing=self.checkpointing,
-                               sharding=self.sharding if gpus > 1 else "ddp")
+                               sharding=self.sharding if gpus > 1 else "ddp", loss=self.loss)
 
 
 @dataclass(frozen=True, kw_only=True)

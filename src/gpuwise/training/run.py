@@ -109,6 +109,9 @@ def _task(opts: TrainOptions, batch: int, seed: int, cuda: bool):
 
     if opts.data and not opts.model:
         raise GpuwiseError("--data needs --model", "pass --model file.py:function for the data to train")
+    if opts.config.loss != "standard" and (opts.model or opts.example != "text"):
+        raise plan_only(f"--loss {opts.config.loss} runs in gpuwise train for --example text (the built-in GPT); "
+                        "your model computes its own loss", "drop --loss, or see the plan with gpuwise plan")
     if opts.model:
         if opts.seq is not None or opts.image_size is not None:
             raise GpuwiseError("--seq and --image-size do not apply to --model", "size the data in your functions")
@@ -118,7 +121,7 @@ def _task(opts: TrainOptions, batch: int, seed: int, cuda: bool):
         if opts.image_size is not None:
             raise GpuwiseError("--image-size applies to --example image",
                                "drop --image-size, or pass --example image")
-        return tasks.text_task(opts.seq or TEXT_SEQ, seed)
+        return tasks.text_task(opts.seq or TEXT_SEQ, seed, loss=opts.config.loss)
     if opts.seq is not None:
         raise GpuwiseError("--seq applies to --example text", "drop --seq, or use --image-size")
     return tasks.image_task(opts.image_size or IMAGE_SIZE, seed)

@@ -74,7 +74,7 @@ class Task:
     seq: int | None = None
 
 
-def text_task(seq: int, seed: int) -> Task:
+def text_task(seq: int, seed: int, loss: str = "standard") -> Task:
     from gpuwise.models import get_model
     from gpuwise.models.gpt import GPT, GPTConfig
     from gpuwise.planning.source import ZooSource
@@ -82,7 +82,7 @@ def text_task(seq: int, seed: int) -> Task:
     if not 8 <= seq <= 1024:
         raise GpuwiseError(f"--seq {seq} is outside 8..1024 characters", "pass e.g. --seq 128")
     data = CharText(seq=seq, seed=seed)
-    gpt = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=data.vocab_size, block_size=seq)
+    gpt = GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=data.vocab_size, block_size=seq, loss=loss)
     zoo = replace(get_model("gpt2"), config=gpt, default_seq=seq, max_seq=seq)
     return Task(name="char-gpt", build=lambda: GPT(gpt), data=data, eval_data=CharText(seq=seq, seed=seed,
                 split="val", text=data.text), loss_fn=model_loss, source=ZooSource(zoo=zoo), unit="tokens", seq=seq)
