@@ -75,7 +75,9 @@ def test_flags_give_the_remedy_setup_whatever_the_command_said(capsys, monkeypat
      "--gpus 8 --sharding fsdp"),  # the command gave both already; the same global batch 32
     (Setup(micro_batch=1, gpus=32, sharding="fsdp"), Setup(), "--batch 32 --gpus 32 --sharding fsdp"),
     (Setup(micro_batch=1, gpus=8, sharding="fsdp"), Setup(micro_batch=8), "--micro-batch 1 --gpus 8 --sharding fsdp"),
-    (Setup(task="finetune-lora", qlora=True), Setup(), "--task finetune-lora --lora-rank 16 --qlora"),
+    # --qlora alone turns checkpointing on (PEFT's recipe), so a QLoRA setup without it says so
+    (Setup(task="finetune-lora", qlora=True), Setup(),
+     "--task finetune-lora --checkpointing none --lora-rank 16 --qlora"),
 ])
 def test_flag_forms(target, base, flags):
     assert setup_flags(target, base) == flags

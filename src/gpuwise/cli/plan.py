@@ -10,6 +10,13 @@ import typer
 from gpuwise.cli._app import DeviceOption, JsonFlag, app, check_png
 from gpuwise.errors import GpuwiseError
 
+LORA_TARGETS_HELP = ("LoRA targets: short names q,k,v,o,gate,up,down, all-linear (every linear layer but the head), "
+                     "layer names as PEFT's target_modules (q_proj, attention.wq), fnmatch patterns ('*.wq') or "
+                     "re:REGEX on qualified names [every linear layer in the blocks].")
+QLORA_RECIPE_HELP = ("peft: as PEFT's prepare_model_for_kbit_training leaves the model (weights not in 4 bits up-cast "
+                     "to fp32, gradient checkpointing on unless --checkpointing is given); plain: the model as "
+                     "loaded, in the compute dtype (litgpt, torchtune, Unsloth) [peft].")
+
 LOSS_HELP = ("A decoder LM's loss: standard (the whole logits up-cast to fp32, as transformers does), chunked "
              "(torchtune's chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger "
              "runs it) [standard].")
@@ -36,6 +43,10 @@ def plan(
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
+    lora_targets: Annotated[str | None, typer.Option(help=LORA_TARGETS_HELP)] = None,
+    lora_dropout: Annotated[float | None, typer.Option(help="Dropout on each adapter's input (PEFT's lora_dropout) "
+                                                            "[0].")] = None,
+    qlora_recipe: Annotated[str | None, typer.Option(help=QLORA_RECIPE_HELP)] = None,
     attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
                                                        "built-in GPT and Llama models.")] = None,
     loss: Annotated[str | None, typer.Option(help=LOSS_HELP)] = None,
@@ -68,15 +79,18 @@ def plan(
     training_only = [f for f, v in (("--optimizer", optimizer), ("--checkpointing", checkpointing)) if v is not None]
     if task == "infer" and training_only:
         raise GpuwiseError(f"{training_only[0]} has no meaning for --task infer", f"drop {training_only[0]}")
-    if (lora_rank is not None or qlora) and task != "finetune-lora":
-        raise GpuwiseError(f"{'--qlora' if qlora else '--lora-rank'} applies to LoRA fine-tuning",
-                           "add --task finetune-lora")
+    lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
+                                 ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
+                                 ("--qlora-recipe", qlora_recipe)) if v is not None]
+    if lora_given and task != "finetune-lora":
+        raise GpuwiseError(f"{lora_given[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
     given = {"task": task, "seq": seq, "image_size": image_size, "precision": precision,
              "optimizer": optimizer, "checkpointing": checkpointing, "sharding": sharding,
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     given |= {"loss": loss}
+    given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or 1,
-                            **{k: v for k, v in given.items() if v is not None})
+                            **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
     result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
     render.emit(result, json=json_out)
     if plot is not None:  # after the plan is shown: a path we cannot write loses nothing

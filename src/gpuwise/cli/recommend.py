@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import JsonFlag, app, check_png
-from gpuwise.cli.plan import LOSS_HELP
+from gpuwise.cli.plan import LORA_TARGETS_HELP, LOSS_HELP, QLORA_RECIPE_HELP
 from gpuwise.errors import GpuwiseError
 
 _UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -57,6 +57,10 @@ def recommend(
                         ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
+    lora_targets: Annotated[str | None, typer.Option(help=LORA_TARGETS_HELP)] = None,
+    lora_dropout: Annotated[float | None, typer.Option(help="Dropout on each adapter's input (PEFT's lora_dropout) "
+                                                            "[0].")] = None,
+    qlora_recipe: Annotated[str | None, typer.Option(help=QLORA_RECIPE_HELP)] = None,
     loss: Annotated[str | None, typer.Option(help=LOSS_HELP)] = None,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
     samples: Annotated[float | None, typer.Option(help="The goal in samples (images, sequences).")] = None,
@@ -126,7 +130,9 @@ def recommend(
         raise GpuwiseError("--loss has no meaning when serving", "drop --loss")
     if serving:
         trained = [f for f, v in (("--checkpointing", checkpointing), ("--sharding", sharding),
-                                  ("--lora-rank", lora_rank), ("--seq", seq)) if v is not None]
+                                  ("--lora-rank", lora_rank), ("--lora-targets", lora_targets),
+                                  ("--lora-dropout", lora_dropout), ("--qlora-recipe", qlora_recipe),
+                                  ("--seq", seq)) if v is not None]
         if trained:
             raise GpuwiseError(f"{trained[0]} has no meaning when serving",
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
@@ -147,10 +153,17 @@ def recommend(
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
              "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None}
     given |= {"loss": loss}
+    lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
+                                 ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
+                                 ("--qlora-recipe", qlora_recipe)) if v is not None]
+    if lora_given and task != "finetune-lora":
+        raise GpuwiseError(f"{lora_given[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
+    given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
+    given = Setup.recipe_defaults(given)  # QLoRA as PEFT runs it: checkpointing on unless given
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
                             **{k: v for k, v in given.items() if v is not None and k != "sharding"})
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
-                  sharding=sharding, checkpointing_given=checkpointing is not None, sort=sort,  # type: ignore[arg-type]
+                  sharding=sharding, checkpointing_given=given["checkpointing"] is not None, sort=sort,  # type: ignore[arg-type]
                   catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
     _show(result, plot, json_out)
 

@@ -61,6 +61,9 @@ def train(
                     ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="Plan only (finetune-lora).")] = False,
+    lora_targets: Annotated[str | None, typer.Option(help="Plan only (finetune-lora).")] = None,
+    lora_dropout: Annotated[float | None, typer.Option(help="Plan only (finetune-lora).")] = None,
+    qlora_recipe: Annotated[str | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel \\[fused on GPUs].")] = None,
     workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
                        ] = None,
@@ -108,7 +111,8 @@ def train(
     chosen = {"example": example, "auto": auto, "task": task}
     options = TrainOptions(model=model, data=data, seq=seq, image_size=image_size, device=device, gpus=n_gpus,
                            fused=fused, workers=workers, checkpoint_dir=checkpoint_dir, resume=resume,
-                           lora_rank=lora_rank, qlora=qlora, config=config, monitor=monitor,
+                           lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets,
+                           lora_dropout=lora_dropout, qlora_recipe=qlora_recipe, config=config, monitor=monitor,
                            **{k: v for k, v in chosen.items() if v is not None})
     sink = open_log(log) if log else None
     console = Console(stderr=True, highlight=False)

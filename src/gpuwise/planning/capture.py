@@ -208,9 +208,11 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
     with mode, _quiet_fake_tensor_log(), warnings.catch_warnings():
         # deepcopy of a fake parameter (nn.TransformerEncoder clones its layer) warns about data pointers
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        # Frozen weights (LoRA base, inference) need no fp32 master copy: they are stored in the compute dtype.
+        # Frozen weights (LoRA base, inference) need no fp32 master copy: they are stored in the compute dtype;
+        # QLoRA as PEFT prepares it (prepare_model_for_kbit_training) holds every weight not in 4 bits in fp32.
         frozen_dtype = setup.compute_dtype
-        build_dtype = setup.weight_dtype if setup.task == "train" else frozen_dtype
+        build_dtype = (setup.weight_dtype if setup.task == "train" else torch.float32 if setup.peft_qlora
+                       else frozen_dtype)
         # Only building runs under the device context: it is a torch-function mode, and checkpointing's
         # early stop raises through whatever modes are active during recomputation.
         with default_dtype(build_dtype), torch.device(device):
@@ -219,8 +221,12 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         params = sum(p.numel() for p in model.parameters())
         blocks = find_blocks(model)
         if setup.task == "finetune-lora":
-            apply_lora(model, blocks, rank=setup.lora_rank, adapter_dtype=setup.weight_dtype,
-                       quantize_base=setup.qlora, compute_dtype=setup.compute_dtype)
+            # PEFT keeps adapters in fp32 over a 4-bit base (autocast_adapter_dtype); the depth lets targets
+            # that differ between blocks send the plan to a whole-model capture (transforms.UnevenTargets)
+            apply_lora(model, blocks, rank=setup.lora_rank,
+                       adapter_dtype=torch.float32 if setup.peft_qlora else setup.weight_dtype,
+                       quantize_base=setup.qlora, compute_dtype=setup.compute_dtype, targets=setup.lora_targets,
+                       dropout=setup.lora_dropout, depth=source.n_layer if n_layer is not None else None)
         if setup.training and setup.checkpointing == "full":
             if blocks is None:
                 raise NotApplicable("--checkpointing full: the model has no repeated blocks (an nn.ModuleList)",

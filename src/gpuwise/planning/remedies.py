@@ -67,7 +67,9 @@ def setup_flags(setup: Setup, base: Setup) -> str:
                 flags.append(f"--micro-batch {value}")
             continue
         lora = f.name == "lora_rank" and setup.task == "finetune-lora" and base.task != "finetune-lora"
-        if value == old and not lora:
+        # --qlora as PEFT runs it turns checkpointing on unless --checkpointing is given (Setup.recipe_defaults)
+        peft_none = f.name == "checkpointing" and setup.peft_qlora and value == "none"
+        if value == old and not lora and not peft_none:
             continue
         flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):

@@ -15,6 +15,7 @@ Optimizer = Literal["adamw", "sgd"]
 Checkpointing = Literal["none", "full"]
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
+QLoRARecipe = Literal["peft", "plain"]
 Loss = Literal["standard", "chunked", "fused"]  # gpuwise.models.loss
 
 MAX_BATCH = 1 << 20
@@ -54,6 +55,12 @@ class Setup:
     sharding: Sharding = "ddp"
     lora_rank: int = 16  # used by finetune-lora
     qlora: bool = False  # finetune-lora with the frozen base stored in 4 bits (NF4 + double quantisation)
+    lora_targets: str | None = None  # finetune-lora: which layers (transforms.py); None = every linear in the blocks
+    lora_dropout: float = 0.0  # finetune-lora: PEFT's lora_dropout on each adapter's input
+    # --qlora: "peft" as Hugging Face PEFT's prepare_model_for_kbit_training leaves the model (every weight not in
+    # 4 bits up-cast to fp32, gradient checkpointing on unless --checkpointing says otherwise), or "plain": loaded
+    # in the compute dtype and used as it is (litgpt, torchtune, Unsloth, PEFT without that call)
+    qlora_recipe: QLoRARecipe = "peft"
     attention: Attention = "sdpa"  # the built-in GPT and Llama models: SDPA or gpuwise.ops.attention
     # a decoder LM's training loss: logits up-cast whole (transformers), torchtune's chunked cross-entropy, or a
     # fused linear + cross-entropy as Liger runs it (gpuwise.models.loss)
@@ -78,6 +85,7 @@ class Setup:
         _positive("lora_rank", self.lora_rank, 1 << 14)
         if self.qlora and self.task != "finetune-lora":
             raise GpuwiseError("--qlora quantises the frozen base of a LoRA fine-tune", "add --task finetune-lora")
+        self._check_lora()
         if self.task == "infer":
             for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
                               ("--checkpointing full", self.checkpointing != "none"),
@@ -88,6 +96,26 @@ class Setup:
         if self.sharding != "ddp" and self.gpus == 1:
             raise GpuwiseError(f"--sharding {self.sharding} shards over GPUs but --gpus is 1",
                                "add --gpus N with N > 1")
+
+    def _check_lora(self) -> None:
+        _choice("qlora_recipe", self.qlora_recipe, QLoRARecipe)
+        for flag, given in (("--lora-targets", self.lora_targets is not None), ("--lora-dropout", self.lora_dropout)):
+            if given and self.task != "finetune-lora":
+                raise GpuwiseError(f"{flag} applies to LoRA fine-tuning", "add --task finetune-lora")
+        if self.qlora_recipe != "peft" and not self.qlora:
+            raise GpuwiseError(f"--qlora-recipe {self.qlora_recipe} applies to --qlora", "add --qlora")
+        if not 0 <= self.lora_dropout < 1:
+            raise GpuwiseError(f"--lora-dropout {self.lora_dropout:g} is outside [0, 1)",
+                               "pass e.g. --lora-dropout 0.05")
+        if self.lora_targets is not None:
+            from gpuwise.planning.transforms import check_targets
+
+            check_targets(self.lora_targets)
+
+    @property
+    def peft_qlora(self) -> bool:
+        """QLoRA as PEFT's prepare_model_for_kbit_training leaves it: the weights not in 4 bits in fp32."""
+        return self.task == "finetune-lora" and self.qlora and self.qlora_recipe == "peft"
 
     @property
     def training(self) -> bool:
@@ -122,6 +150,16 @@ class Setup:
         """The global batch: samples per optimizer step over every GPU."""
         return self.micro_batch * self.grad_accum * self.gpus
 
+    @staticmethod
+    def recipe_defaults(given: dict) -> dict:
+        """The options a CLI gathered (None: not given), with what the recipe implies where the user said nothing:
+        ``--qlora`` as PEFT runs it turns gradient checkpointing on (prepare_model_for_kbit_training's
+        ``use_gradient_checkpointing=True``), unless ``--checkpointing`` was given."""
+        peft = given.get("qlora") and given.get("qlora_recipe") in (None, "peft")
+        if peft and given.get("checkpointing") is None and given.get("task") == "finetune-lora":
+            return {**given, "checkpointing": "full"}
+        return given
+
     @classmethod
     def for_batch(cls, *, batch: int | None = None, micro_batch: int | None = None, gpus: int = 1,
                   **rest) -> Setup:
@@ -152,7 +190,14 @@ class Setup:
         if self.training:
             parts += [self.optimizer, f"checkpointing {self.checkpointing}"]
         if self.task == "finetune-lora":
-            parts.append(f"{'QLoRA' if self.qlora else 'LoRA'} rank {self.lora_rank}")
+            lora = f"{'QLoRA' if self.qlora else 'LoRA'} rank {self.lora_rank}"
+            if self.lora_targets is not None:
+                lora += f" on {self.lora_targets}"
+            if self.lora_dropout:
+                lora += f", dropout {self.lora_dropout:g}"
+            if self.qlora:
+                lora += " (PEFT: fp32 outside the 4-bit layers)" if self.qlora_recipe == "peft" else " (plain)"
+            parts.append(lora)
         if self.gpus > 1:
             parts.append(f"{self.gpus} GPUs {self.sharding}")
         if self.loss != "standard":

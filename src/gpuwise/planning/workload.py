@@ -12,6 +12,7 @@ from gpuwise.planning.capture import Capture, capture
 from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.tracker import OpCosts
+from gpuwise.planning.transforms import UnevenTargets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,11 +128,11 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     n_layer = source.n_layer
     tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum
     if n_layer is not None and n_layer > 3:
-        groups = [_captures(source, setup, n, batch_model) for n in (2, 3)]
         try:
+            groups = [_captures(source, setup, n, batch_model) for n in (2, 3)]
             return _assemble(source.name, setup, tokens, groups, n_layer)
-        except Misaligned:
-            pass  # not a clean stack of identical blocks: capture the whole model
+        except (Misaligned, UnevenTargets):
+            pass  # not a clean stack of identical blocks (or LoRA targets only some): capture the whole model
     return _assemble(source.name, setup, tokens, [_captures(source, setup, None, batch_model)], None)
 
 

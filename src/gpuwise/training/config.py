@@ -133,6 +133,9 @@ class TrainOptions:
     task: Task = "train"  # the planner's task: train only; finetune-lora and infer are plan only
     lora_rank: int | None = None  # plan only (finetune-lora)
     qlora: bool = False  # plan only (finetune-lora)
+    lora_targets: str | None = None  # plan only (finetune-lora)
+    lora_dropout: float | None = None  # plan only (finetune-lora)
+    qlora_recipe: str | None = None  # plan only (finetune-lora)
     monitor: bool = True  # gpuwise.Monitor samples the run and the summary carries its diagnosis
     config: TrainConfig = field(default_factory=TrainConfig)
 
@@ -146,8 +149,11 @@ class TrainOptions:
         if self.task != "train":
             raise plan_only(f"--task {self.task} is planned by gpuwise plan; gpuwise train runs full training",
                             "drop --task, or see the plan with gpuwise plan --task " + self.task)
-        if self.lora_rank is not None or self.qlora:
-            flag = "--qlora" if self.qlora else f"--lora-rank {self.lora_rank}"
+        lora = [f for f, v in (("--qlora", self.qlora or None), ("--lora-rank", self.lora_rank),
+                               ("--lora-targets", self.lora_targets), ("--lora-dropout", self.lora_dropout),
+                               ("--qlora-recipe", self.qlora_recipe)) if v is not None]
+        if lora:
+            flag = lora[0] if lora[0] == "--qlora" else f"{lora[0]} {getattr(self, lora[0][2:].replace('-', '_'))}"
             raise plan_only(f"{flag} (LoRA fine-tuning) is planned by gpuwise plan, not run by gpuwise train",
                             f"drop {flag.split()[0]}")
         _positive("gpus", self.gpus, 1 << 16)
