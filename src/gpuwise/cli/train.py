@@ -135,12 +135,16 @@ def train(
         raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
     try:
         summary = run_training(options, on_log=on_log, on_event=on_event)
-        if fix_input and Ranks.from_environ(os.environ).world_size == 1:
+        ranks = Ranks.from_environ(os.environ)
+        if fix_input and ranks.world_size > 1:
+            if ranks.main:
+                on_event("--fix-input runs one process: under torchrun it is skipped (run it without torchrun)")
+        elif fix_input:
+            from gpuwise.training.run import FIX_STEPS, suggested_loader
             from gpuwise.training.run import fix_input as rerun_input
 
-            on_event(f"--fix-input: the run is {summary.diagnosis.bottleneck}"
-                     + ("; re-running with the suggested loader" if summary.diagnosis.bottleneck == "input-bound"
-                        else ""))
+            if "num_workers" in suggested_loader(summary.diagnosis):
+                on_event(f"--fix-input: re-running {FIX_STEPS} steps with the loader the diagnosis suggests")
             summary = dataclasses.replace(summary, input_fix=rerun_input(options, summary, on_event=on_event))
     finally:
         progress.stop()
