@@ -169,10 +169,10 @@ def test_litgpt_lora_within_5_percent(model, micro_batch, measured_gb):
 
 def test_old_bitsandbytes_kept_every_4_bit_layers_input(monkeypatch):
     """litgpt's llama-2-7b/qlora.yaml measured 13.68 GB (same recipe as its LoRA, 4-bit base): the plan with today's
-    bitsandbytes is 9.28 GB (0.68). bitsandbytes < 0.43.2 ended ``MatMul4Bit.forward`` with ``ctx.tensors = (A, B)``
-    (fixed by bitsandbytes PR #1270): every 4-bit layer kept its input. With that the plan is 10.53 GB (0.77); as a
+    bitsandbytes is 9.48 GB (0.69). bitsandbytes < 0.43.2 ended ``MatMul4Bit.forward`` with ``ctx.tensors = (A, B)``
+    (fixed by bitsandbytes PR #1270): every 4-bit layer kept its input. With that the plan is 10.73 GB (0.78); as a
     ctx attribute the input also outlives backward until the loop drops the loss, which in litgpt's loop is after the
-    next micro-batch's forward (about +1.3 GB more, not simulated)."""
+    next micro-batch's forward: keeping both micro-batches' inputs gives 12.30 GB (0.90, not simulated by default)."""
     c = get_model("llama2-7b").config
     setup = Setup(**{**LITGPT, "micro_batch": 1, "seq": 32}, qlora=True, qlora_recipe="plain")
     today = at_end_of_forward(simulate(ZooSource(zoo=get_model("llama2-7b")), setup, batch_model=False))[ACT]
