@@ -48,16 +48,23 @@ def test_a_loader_that_sleeps_with_no_workers_is_input_bound_and_with_workers_is
 
 
 def test_fix_input_reruns_with_the_suggested_loader_and_measures_both(capsys, sleepy, monkeypatch):
+    """The rerun's figures are measured, not predicted: on a shared CPU one attempt can lose to the load (the
+    workers' start-up lands on busy cores), so up to three attempts, and one must show the wait gone down."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("SLEEPY_MS", "4")
-    s = _train(capsys, sleepy, "--workers", "0", "--fix-input")
-    fix = s["input_fix"]
-    if s["diagnosis"]["bottleneck"] != "input-bound":  # a very slow moment of the shared CPU: say so, and rerun
+    fixes = []
+    for _ in range(3):
         s = _train(capsys, sleepy, "--workers", "0", "--fix-input")
+        if s["diagnosis"]["bottleneck"] != "input-bound":
+            continue  # a very slow moment of the shared CPU: the compute hid the wait
         fix = s["input_fix"]
-    (before, after), = fix["changed"].values()
-    assert before == 0 and after > 0 and fix["steps"] == 16
-    assert fix["after_data_wait"] < fix["before_data_wait"] and fix["speedup"] > 1.2
+        (before, after), = fix["changed"].values()
+        assert before == 0 and after > 0 and fix["steps"] == 16
+        assert fix["speedup"] == pytest.approx(fix["before_step_s"] / fix["after_step_s"])
+        fixes.append(fix)
+        if fix["after_data_wait"] < fix["before_data_wait"] and fix["speedup"] > 1.2:
+            return
+    pytest.fail(f"no attempt measured the fix helping: {fixes}")
 
 
 def test_fix_input_says_why_when_there_is_nothing_to_fix(capsys):
