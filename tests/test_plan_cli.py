@@ -165,6 +165,13 @@ def test_an_op_without_a_formula_is_listed_as_uncosted(capsys, user_file):
     (["--model", "gpt2", "--hf-config", "x.json"], "--model and --hf-config both name a model"),
     ([], "no model to plan"),
     (["--hf-config", "{dir}/nope.json"], "no such file"),
+    (["--model", "gpt2", "--optimizer", "adam8bit"], "--optimizer 'adam8bit' is not one of adamw, sgd, adamw8bit"),
+    (["--model", "gpt2", "--optimizer-in-backward", "--batch", "8", "--micro-batch", "2"],
+     "--optimizer-in-backward steps every micro-batch, so it cannot accumulate 4 of them"),
+    (["--model", "gpt2", "--optimizer-in-backward", "--gpus", "2", "--sharding", "fsdp"],
+     "--optimizer-in-backward is planned on one GPU, not 2"),
+    (["--model", "gpt2", "--task", "infer", "--optimizer-in-backward"],
+     "--optimizer-in-backward has no meaning for --task infer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, user_file, args, message):
     args = [a.replace("{file}", str(user_file)).replace("{dir}", str(user_file.parent)) for a in args]
@@ -356,3 +363,14 @@ def test_plot_to_a_folder_is_a_one_line_error_after_the_plan(capsys, tmp_path):
     code, out, err = run(capsys, "plan", *SMALL, "--gpu", "h100", "--plot", str(tmp_path / "timeline.png"))
     assert code == 2 and "it is a folder" in err and err.count("\n") == 1
     assert "gpuwise plan" in out  # the plan was shown before the picture failed
+
+
+def test_optimizer_in_backward_drops_the_remedies_it_cannot_take(capsys):
+    """It cannot accumulate and is planned on one GPU: no accumulation or FSDP rows; the ones left run as printed."""
+    code, out, err = run(capsys, "plan", "--model", "gpt2", "--batch", "64", "--gpu", "t4", "--precision", "fp32",
+                         "--optimizer", "adafactor", "--optimizer-in-backward", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    names = [r["name"] for r in data["remedies"]]
+    assert names and not any(n.startswith(("micro-batch", "FSDP")) for n in names)
+    assert "adafactor in backward" in Setup(optimizer="adafactor", optimizer_in_backward=True).describe()

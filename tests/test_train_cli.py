@@ -350,6 +350,9 @@ def long(batch):  # 8192 rows of 2048 per sample: precision, checkpointing and m
     (["--task", "infer"], "plan only: --task infer", "drop --task"),
     (["--lora-rank", "16"], "plan only: --lora-rank 16", "drop --lora-rank"),
     (["--qlora"], "plan only: --qlora", "drop --qlora"),
+    (["--optimizer", "adamw8bit"], "plan only: --optimizer adamw8bit", "gpuwise plan --optimizer adamw8bit"),
+    (["--optimizer-in-backward"], "plan only: --optimizer-in-backward", "drop --optimizer-in-backward"),
+    (["--optimizer", "adam"], "--optimizer 'adam' is not one of adamw, sgd", "pass --optimizer adamw"),
     (["--task", "pretrain"], "--task 'pretrain' is not one of train, finetune-lora, infer", "pass --task train"),
     (["--checkpointing", "some"], "--checkpointing 'some' is not one of none, full", "pass --checkpointing none"),
 ])

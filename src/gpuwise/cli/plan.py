@@ -37,7 +37,11 @@ def plan(
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
-    optimizer: Annotated[str | None, typer.Option(help="adamw or sgd (momentum 0.9).")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adamw, sgd (momentum 0.9), adamw8bit or paged-adamw8bit "
+                                                       "(bitsandbytes), adafactor, lion.")] = None,
+    optimizer_in_backward: Annotated[bool, typer.Option(
+        "--optimizer-in-backward", help="Step each parameter as soon as its gradient is ready (torchtune's "
+        "optimizer_in_bwd): one GPU, no accumulation.")] = False,
     checkpointing: Annotated[str | None, typer.Option(help="none or full (recompute every block).")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
@@ -76,7 +80,8 @@ def plan(
     from gpuwise.planning import Setup
     from gpuwise.planning.plan import plan_here
 
-    training_only = [f for f, v in (("--optimizer", optimizer), ("--checkpointing", checkpointing)) if v is not None]
+    training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
+                                    ("--checkpointing", checkpointing)) if v not in (None, False)]
     if task == "infer" and training_only:
         raise GpuwiseError(f"{training_only[0]} has no meaning for --task infer", f"drop {training_only[0]}")
     lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
@@ -85,7 +90,8 @@ def plan(
     if lora_given and task != "finetune-lora":
         raise GpuwiseError(f"{lora_given[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
     given = {"task": task, "seq": seq, "image_size": image_size, "precision": precision,
-             "optimizer": optimizer, "checkpointing": checkpointing, "sharding": sharding,
+             "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None,
+             "checkpointing": checkpointing, "sharding": sharding,
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     given |= {"loss": loss}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}

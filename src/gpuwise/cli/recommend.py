@@ -53,6 +53,11 @@ def recommend(
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure) "
                                                        "[each GPU's default: bf16 autocast if it has bf16].")] = None,
     checkpointing: Annotated[str | None, typer.Option(help="none or full [none if it fits, else full].")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adamw, sgd (momentum 0.9), adamw8bit or paged-adamw8bit "
+                                                       "(bitsandbytes), adafactor, lion [adamw].")] = None,
+    optimizer_in_backward: Annotated[bool, typer.Option(
+        "--optimizer-in-backward", help="Step each parameter as soon as its gradient is ready (torchtune's "
+        "optimizer_in_bwd): one GPU, no accumulation.")] = False,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp [ddp if it fits, else fsdp].")
                         ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
@@ -131,8 +136,9 @@ def recommend(
     if serving:
         trained = [f for f, v in (("--checkpointing", checkpointing), ("--sharding", sharding),
                                   ("--lora-rank", lora_rank), ("--lora-targets", lora_targets),
-                                  ("--lora-dropout", lora_dropout), ("--qlora-recipe", qlora_recipe),
-                                  ("--seq", seq)) if v is not None]
+                                  ("--lora-dropout", lora_dropout), ("--qlora-recipe", qlora_recipe), ("--seq", seq),
+                                  ("--optimizer", optimizer),
+                                  ("--optimizer-in-backward", optimizer_in_backward or None)) if v is not None]
         if trained:
             raise GpuwiseError(f"{trained[0]} has no meaning when serving",
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
@@ -151,7 +157,8 @@ def recommend(
     if served:
         raise GpuwiseError(f"{served[0]} applies to serving", f"add --serve, or drop {served[0]}")
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
-             "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None}
+             "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None,
+             "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None}
     given |= {"loss": loss}
     lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
                                  ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),

@@ -1,6 +1,7 @@
 """``gpuwise train``: the flags of the shared vocabulary (``--batch``, ``--micro-batch``, ``--precision``,
-``--checkpointing``, ``--gpus``, ``--sharding``, ``--task``, ``--lora-rank``, ``--qlora``, ``--seq``, ``--image-size``,
-``--device``), so a remedy ``gpuwise plan`` prints runs here as printed (or is refused in one "plan only:" line)."""
+``--checkpointing``, ``--gpus``, ``--sharding``, ``--task``, ``--lora-rank``, ``--qlora``, ``--optimizer``,
+``--optimizer-in-backward``, ``--seq``, ``--image-size``, ``--device``), so a remedy ``gpuwise plan`` prints runs
+here as printed (or is refused in one "plan only:" line)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def train(
                                                       "checkpoints); zero1/zero2 are plan only "
                                                       f"{_default(TrainConfig, 'sharding')}.")] = None,
     task: Annotated[str | None, typer.Option(help="train; finetune-lora and infer are plan only \\[train].")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adamw; the planner's others (sgd, adamw8bit, "
+                                                       "paged-adamw8bit, adafactor, lion) are plan only \\[adamw].")
+                         ] = None,
+    optimizer_in_backward: Annotated[bool, typer.Option("--optimizer-in-backward", help="Plan only.")] = False,
     loss: Annotated[str | None, typer.Option(help="standard, chunked (torchtune's chunked cross-entropy) or fused "
                                                   "(a fused linear + cross-entropy, as Liger runs it): --example "
                                                   "text runs it; plan only for other models \\[standard].")
@@ -105,7 +110,8 @@ def train(
 
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
              "seed": seed, "checkpoint_every": checkpoint_every, "eval_every": eval_every, "log_every": log_every,
-             "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing}
+             "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing,
+             "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None}
     given |= {"loss": loss}
     config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
     chosen = {"example": example, "auto": auto, "task": task}

@@ -1,13 +1,16 @@
 """Run one real step of the model on fake tensors and record it with the Tracker.
 
 The step is the one the user would run: forward, loss, backward, optimizer step. The optimizer steps once
-beforehand (on zero gradients), so its state exists, and the step recorded is the steady state: with
+beforehand (on zero gradients; or allocates the state that step would: optimizers.init_state), so its state
+exists, and the step recorded is the steady state: with
 ``zero_grad(set_to_none=True)`` every point of step 2 holds at least what step 1 held.
 
 GPU-specific choices (besides those in tracker.py and autocast.py):
-- AdamW and SGD run with ``foreach=True``, PyTorch's default for CUDA parameters (the CPU default
+- torch's optimizers run with ``foreach=True``, PyTorch's default for CUDA parameters (the CPU default
   is the per-parameter loop); foreach AdamW allocates a temporary the size of the optimizer's
-  second moment (``_foreach_sqrt``) during the step.
+  second moment (``_foreach_sqrt``) during the step. The others are in optimizers.py.
+- ``--optimizer-in-backward`` gives each parameter its own optimizer, stepped by a hook as soon as its
+  gradient is accumulated, which then frees the gradient (optimizers.in_backward).
 - Mixed precision uses CUDA's autocast op lists (autocast.py), not the CPU's.
 - With gradient accumulation two micro-batches are recorded: from the second one on, the
   gradients of the first are alive during forward and backward.
@@ -30,9 +33,10 @@ from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, Fak
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning.autocast import CudaEmulation
+from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
-from gpuwise.planning.tracker import OpCosts, OpRows, Storages, Tracker
+from gpuwise.planning.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
 from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks
 
 
@@ -66,6 +70,7 @@ class Capture:
     uncosted_first: dict[str, int] = field(default_factory=dict)  # uncosted ops of the first micro-batch
     uncosted_optimizer: dict[str, int] = field(default_factory=dict)
     storages: Storages | None = field(default=None, repr=False, compare=False)  # what ``live`` sums
+    paged_bytes: int = 0  # optimizer state in paged memory (in the optimizer column too): it can spill to the host
 
     def reweighed(self, grad_accum: int) -> Capture:
         """The same recording weighed for ``grad_accum`` micro-batches a step (holding as many as this one)."""
@@ -148,16 +153,14 @@ def _state_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
-def _make_optimizer(setup: Setup, model: nn.Module, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if setup.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True)
-    # The trainer's groups: foreach AdamW steps each group on its own, so its sqrt temporary is the larger
-    # group's, not all parameters'. The decay itself is in place (0.1 is TrainConfig's; any value costs the same).
-    return torch.optim.AdamW(param_groups(model, weight_decay=0.1), lr=1e-4, foreach=True)
-
-
-def _state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+def _make_optimizers(setup: Setup, model: nn.Module, params: list[nn.Parameter]) -> list[torch.optim.Optimizer]:
+    """One optimizer over every trainable parameter, or under --optimizer-in-backward one per parameter."""
+    # The trainer's groups: foreach AdamW steps each group on its own, so its sqrt temporary is the larger group's,
+    # not all parameters'. The decay itself is in place (0.1 is TrainConfig's; any value costs the same).
+    groups = [{"params": params}] if setup.optimizer == "sgd" else param_groups(model, weight_decay=0.1)
+    if not setup.optimizer_in_backward:
+        return [make_optimizer(setup.optimizer, groups)]
+    return [make_optimizer(setup.optimizer, [{**g, "params": [p]}]) for g in groups for p in g["params"]]
 
 
 @contextlib.contextmanager
@@ -249,7 +252,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                          torch.zeros(built.kv_cache_shape, dtype=frozen_dtype, device=device)) for _ in range(n_blocks)]
 
         tracker = Tracker()
-        opt = _make_optimizer(setup, model, trainable) if setup.training else None
+        opts = _make_optimizers(setup, model, trainable) if setup.training else []
+        # --optimizer-in-backward: each parameter's own optimizer, stepped by a hook during backward
+        per_param = {o.param_groups[0]["params"][0]: o for o in opts} if setup.optimizer_in_backward else None
 
         def forward() -> torch.Tensor:
             tracker.phase, tracker.block = "forward", None
@@ -267,29 +272,39 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
 
         def backward(loss: torch.Tensor) -> None:
             tracker.phase = "backward"
-            with _model_errors(source.name):
+            stepping = (in_backward(per_param, on_grad=lambda p: tracker.tag(p.grad, "gradients"))
+                        if per_param is not None else contextlib.nullcontext())
+            with _model_errors(source.name), stepping:
                 loss.backward()
             tracker.block = None
             tracker.tag([p.grad for p in trainable], "gradients")
 
         def optimizer_step() -> None:
             tracker.phase, tracker.block = "optimizer", None
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            if per_param is None:  # in backward, every parameter has stepped already
+                for i, block in enumerate(blocks if blocks is not None else ()):  # per-parameter ops get labels
+                    for p in block.parameters():
+                        tracker.own([p, p.grad, *(v for o in opts for v in o.state.get(p, {}).values())], i)
+                for opt in opts:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                tracker.block = None
 
         if setup.training:  # step 1, not recorded, creates the optimizer state; its gradients need no backward
             for p in trainable:
                 p.grad = torch.zeros_like(p)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            for opt in opts:
+                init_state(opt)
+                opt.zero_grad(set_to_none=True)
 
         handles = _hook_blocks(blocks, tracker) if blocks is not None else []
         tracker.tag(list(model.parameters()) + list(model.buffers()), "weights")
         tracker.tag([*built.inputs, built.targets], "inputs")
         if kv_cache is not None:
             tracker.tag([t for pair in kv_cache for t in pair], "kv_cache")
-        if opt is not None:
-            tracker.tag(_state_tensors(opt), "optimizer")
+        tracker.tag(state_tensors(opts), "optimizer")
+        paged = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in paged_tensors(opts)}
+        paged_bytes = sum(-(-n // ALLOCATOR_ROUND_BYTES) * ALLOCATOR_ROUND_BYTES for n in paged.values())
         micro = min(setup.grad_accum, 2)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -322,4 +337,5 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             grad_accum=setup.grad_accum, held=micro, rows=rows, fb_ops=fb_ops, fb_samples=fb_samples,
             first_ops=first_ops, first_samples=first_samples, uncosted_first=uncosted_first,
             uncosted_optimizer=dict(Counter(tracker.uncosted) - uncosted_fb), storages=storages,
+            paged_bytes=paged_bytes,
         )

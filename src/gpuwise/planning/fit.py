@@ -27,6 +27,9 @@ OVERHEAD_BYTES = CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
 # Below this headroom the caching allocator's fragmentation (reserved > allocated) can still OOM: HF's
 # BERT-large anchor (model_memory_anatomy.md) shows nvml "used" about 20% above our allocated peak + context.
 TIGHT_FRACTION = 0.10
+# Paged optimizer state (bitsandbytes' paged optimizers) lives in CUDA unified memory, outside the caching
+# allocator: the driver evicts its pages to host memory when the GPU runs short (slower steps, no OOM). So a step
+# fits when the rest does; the paged bytes are shown beside it (MemoryPlan.paged_bytes).
 
 Status = Literal["fits", "tight", "no"]
 
@@ -36,7 +39,7 @@ class GpuFit:
     gpu: str  # catalog key
     name: str
     memory_bytes: int
-    required_bytes: int  # peak tensors + overhead
+    required_bytes: int  # peak tensors + overhead, less the paged optimizer state (it can spill to the host)
     headroom_bytes: int
     status: Status
     max_batch: int  # largest micro-batch that fits, same setup otherwise
@@ -62,14 +65,15 @@ def max_micro_batch(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVE
     if step.batch_model is None:
         return 0
     b = step.setup.micro_batch
-    best = step.batch_model.max_batch(acc.memory_bytes - overhead_bytes, MAX_BATCH)
-    return max(best, b) if step.peak_bytes + overhead_bytes <= acc.memory_bytes else min(best, b - 1)
+    budget = acc.memory_bytes - overhead_bytes + step.paged_bytes
+    best = step.batch_model.max_batch(budget, MAX_BATCH)
+    return max(best, b) if step.peak_bytes <= budget else min(best, b - 1)
 
 
 def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES,
            calibration: Calibration | None = None) -> GpuFit:
     """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time floor there."""
-    required = step.peak_bytes + overhead_bytes
+    required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
     floor = step_time_floor(step, acc, calibration)
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,

@@ -41,6 +41,7 @@ class MemoryPlan:
     tokens_per_step: int
     peak_bytes: int  # the step's tensors: torch.cuda.max_memory_allocated() less library workspaces
     overhead_bytes: int  # CUDA context and library workspaces
+    paged_bytes: int  # of peak_bytes, optimizer state in paged memory: it can spill to the host (not in the fit)
     activations_bytes: int  # saved for backward at the end of the forward pass
     breakdown: dict[str, int]  # by category, at the peak
     peak_at: str  # phase (and block) of the peak
@@ -121,7 +122,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     return MemoryPlan(
         model=w.model, setup=setup, params=w.params, trainable_params=w.trainable_params,
         flops_per_step=w.flops_per_step, bytes_per_step=w.bytes_per_step, tokens_per_step=w.tokens_per_step,
-        peak_bytes=step.peak_bytes, overhead_bytes=OVERHEAD_BYTES,
+        peak_bytes=step.peak_bytes, overhead_bytes=OVERHEAD_BYTES, paged_bytes=step.paged_bytes,
         activations_bytes=int(live[tl.end_of_forward, CATEGORIES.index("activations")]) if setup.training else 0,
         breakdown={c: int(v) for c, v in zip(CATEGORIES, live[i], strict=True)},
         peak_at=phase if block is None or block < 0 else f"{phase}, block {block}",

@@ -194,9 +194,10 @@ class Recommendation:
 # -- the search over settings ---------------------------------------------------------------------------------
 
 def _states_bytes(step: PerGpu) -> float:
-    """The most the weights, gradients and optimizer states hold at once: what no checkpointing can free."""
+    """The most the weights, gradients and optimizer states hold at once: what no checkpointing can free (paged
+    optimizer state aside: it can spill to the host)."""
     cols = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
-    return float(step.live[:, cols].sum(axis=1).max())
+    return float(step.live[:, cols].sum(axis=1).max()) - step.paged_bytes
 
 
 def _divisor_at_most(n: int, limit: int) -> int:
@@ -248,13 +249,18 @@ class _Search:
         for sharding, ckpt in _variants(self.setup, n, self.sharding, self.checkpointing_given):
             if sharding in hopeless:
                 continue  # checkpointing frees activations, not states: no capture needed to know
-            probe = replace(self.setup, micro_batch=1, grad_accum=min(per_gpu, 2), gpus=n, sharding=sharding,
-                            checkpointing=ckpt, precision=same_bytes(precision))
+            in_bwd = self.setup.optimizer_in_backward  # steps every micro-batch: the whole batch in one
+            probe = replace(self.setup, micro_batch=1, grad_accum=1 if in_bwd else min(per_gpu, 2), gpus=n,
+                            sharding=sharding, checkpointing=ckpt, precision=same_bytes(precision))
             try:
                 step = self._probe(probe)
                 micro = _divisor_at_most(per_gpu, max_micro_batch(step, acc))
                 if micro == 0 and _states_bytes(step) + OVERHEAD_BYTES > acc.memory_bytes:
                     hopeless.add(sharding)
+                if in_bwd and 0 < micro < per_gpu:
+                    reason = (f"--optimizer-in-backward cannot accumulate, and a micro-batch of {per_gpu} does not "
+                              "fit")
+                    continue
                 if micro == 0 or per_gpu // micro > MAX_ACCUM:
                     continue
                 exact = self._captured(probe, micro, per_gpu // micro)
@@ -280,7 +286,8 @@ class _Search:
         those captures cannot tell."""
         run = replace(probe, micro_batch=micro, grad_accum=accum)
         if run not in self._steps:
-            w = self.planner.workload(replace(probe, grad_accum=2), batch_model=True).at(micro, accum)
+            held = 1 if probe.optimizer_in_backward else 2  # a step in backward cannot accumulate
+            w = self.planner.workload(replace(probe, grad_accum=held), batch_model=True).at(micro, accum)
             self._steps[run] = None if w is None else per_gpu(w, run)
         return self._steps[run]
 
@@ -336,7 +343,7 @@ def _counts(acc: Accelerator, setup: Setup, c: Constraints, *, beyond_node: bool
     """The GPU counts to try: powers of two the global batch splits over (``even=False``: those it does not),
     within --max-gpus; past one node only with ``beyond_node`` (the model needs it, or --max-gpus asks for it)
     and only for datacenter parts."""
-    top = c.max_gpus or COUNTS[-1]
+    top = 1 if setup.optimizer_in_backward else c.max_gpus or COUNTS[-1]  # planned on one GPU only
     if not beyond_node or acc.segment != "datacenter":
         top = min(top, acc.node_gpus)
     return [n for n in COUNTS if n <= top and (setup.batch % n == 0) == even]
@@ -370,6 +377,9 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
                            "pass --serve (or --task infer) on the command line")
     if sharding is not None and sharding not in ("ddp", "zero1", "zero2", "fsdp"):
         raise GpuwiseError(f"--sharding {sharding!r} is not one of ddp, zero1, zero2, fsdp", "pass --sharding fsdp")
+    if setup.optimizer_in_backward and sharding not in (None, "ddp"):
+        raise GpuwiseError(f"--optimizer-in-backward is planned on one GPU, so --sharding {sharding} has nothing to "
+                           "shard", "drop --sharding, or drop --optimizer-in-backward")
     search = _Search(planner=Planner(source), setup=setup, sharding=sharding,
                      checkpointing_given=checkpointing_given, calibrations=calibrations or {})
     _goal_for_limits(goal, c)

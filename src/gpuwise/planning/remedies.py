@@ -104,7 +104,9 @@ def checkpointing(s: Setup, gpu: Gpu) -> Setup | None:
 
 
 def accumulation(s: Setup, gpu: Gpu) -> Setup | None:
-    """The same batch in smaller micro-batches."""
+    """The same batch in smaller micro-batches (not with the optimizer in backward: it cannot accumulate)."""
+    if s.optimizer_in_backward:
+        return None
     per_gpu = s.micro_batch * s.grad_accum
     micro = _largest_micro(s, per_gpu, gpu) if s.micro_batch > 1 else 0
     return _split(s, micro, per_gpu) if 0 < micro < s.micro_batch and per_gpu // micro <= MAX_ACCUM else None
@@ -112,7 +114,9 @@ def accumulation(s: Setup, gpu: Gpu) -> Setup | None:
 
 def fsdp(s: Setup, gpu: Gpu) -> Setup | None:
     """The fewest GPUs that fit with room to spare, else the fewest that fit tightly, else the last tried; the
-    global batch kept (at least one sample per GPU)."""
+    global batch kept (at least one sample per GPU). Not with the optimizer in backward: planned on one GPU."""
+    if s.optimizer_in_backward:
+        return None
     best: tuple[Setup, GpuFit] | None = None
     for n in FSDP_GPUS:
         per_gpu = max(s.batch // n, 1)

@@ -11,7 +11,7 @@ from gpuwise.errors import GpuwiseError
 from gpuwise.precision import PRECISIONS, Precision, PrecisionSpec
 
 Task = Literal["train", "finetune-lora", "infer"]
-Optimizer = Literal["adamw", "sgd"]
+Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # planning/optimizers.py
 Checkpointing = Literal["none", "full"]
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
@@ -49,6 +49,7 @@ class Setup:
     image_size: int | None = None  # pixels per side; None = the model's default
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
+    optimizer_in_backward: bool = False  # each parameter steps as soon as its gradient is ready (no accumulation)
     checkpointing: Checkpointing = "none"
     grad_accum: int = 1
     gpus: int = 1
@@ -93,6 +94,18 @@ class Setup:
                 if bad:
                     raise GpuwiseError(f"{flag} has no meaning for --task infer",
                                        f"drop {flag.split()[0]}, or plan --task train")
+        if self.optimizer_in_backward:
+            if not self.training:
+                raise GpuwiseError("--optimizer-in-backward has no meaning for --task infer",
+                                   "drop --optimizer-in-backward, or plan --task train")
+            if self.grad_accum > 1:
+                raise GpuwiseError(f"--optimizer-in-backward steps every micro-batch, so it cannot accumulate "
+                                   f"{self.grad_accum} of them", "pass --micro-batch equal to --batch / --gpus, "
+                                   "or drop --optimizer-in-backward")
+            if self.gpus > 1:
+                raise GpuwiseError(f"--optimizer-in-backward is planned on one GPU, not {self.gpus} (stepping "
+                                   "inside a sharded or bucketed reduction is not modelled)",
+                                   "drop --gpus and --sharding, or drop --optimizer-in-backward")
         if self.sharding != "ddp" and self.gpus == 1:
             raise GpuwiseError(f"--sharding {self.sharding} shards over GPUs but --gpus is 1",
                                "add --gpus N with N > 1")
@@ -188,7 +201,8 @@ class Setup:
         parts = [self.task, f"batch {self.batch}" + (f" ({' x '.join(split)})" if len(split) > 1 else "")]
         parts.append(self.precision)
         if self.training:
-            parts += [self.optimizer, f"checkpointing {self.checkpointing}"]
+            parts += [self.optimizer + (" in backward" if self.optimizer_in_backward else ""),
+                      f"checkpointing {self.checkpointing}"]
         if self.task == "finetune-lora":
             lora = f"{'QLoRA' if self.qlora else 'LoRA'} rank {self.lora_rank}"
             if self.lora_targets is not None:

@@ -10,6 +10,9 @@ optimizer columns of each sample (and to the optimizer's temporaries, which foll
   parameters. So under mixed precision the step is captured in pure 16 bits (``capture_setup``) and
   the fp32 copies are added here.
   ZeRO-1: 16-bit model and gradients, fp32 master + Adam states sharded: 4P + KP/N (K = 12).
+  States that follow the parameters' dtype (AdamW, SGD, Adafactor, Lion) are fp32 beside the master;
+  bitsandbytes' 8-bit states are uint8 (and fp32 absmax) whatever the parameters are, so they stay
+  as captured (K = 4 + 2 for AdamW8bit: the master and two bytes of state).
   ZeRO-2: the 16-bit gradients sharded too: 2P + (2 + K)P/N.
   FSDP: fp32 weights, gradients and states all sharded, 16P/N (frozen weights keep their dtype,
   sharded too), plus while forward and backward run the 16-bit parameters of the block computing
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from gpuwise.planning.optimizers import SPECS
 from gpuwise.planning.scaling import Timeline
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.tracker import CATEGORIES
@@ -48,6 +52,7 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
         return tl
     half = setup.compute_dtype.itemsize
     widen = 4 / half if setup.mixed and setup.sharding != "ddp" else 1.0  # 16-bit capture -> fp32 states
+    widen_states = widen if SPECS[setup.optimizer].states_follow_params else 1.0
     grad_total = tl.base[:, G].max()
     phases = np.array([ph for ph, _ in tl.labels])
     opt = phases == "optimizer"
@@ -60,12 +65,13 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
             return x
         x[opt, T] *= widen / n  # the optimizer steps its own shard, in fp32
         if setup.sharding in ("zero1", "zero2"):
-            x[:, OPT] = (x[:, OPT] * widen + constant * (trainable_params * 4 if setup.mixed else 0)) / n
+            x[:, OPT] = (x[:, OPT] * widen_states + constant * (trainable_params * 4 if setup.mixed else 0)) / n
             if setup.sharding == "zero2":
                 x[:, G] /= n
         else:  # fsdp: frozen weights (LoRA's base) keep their dtype, trainable ones get an fp32 master
             x[:, W] = (x[:, W] + constant * trainable_params * (widen - 1) * half) / n
-            x[:, (G, OPT)] *= widen / n
+            x[:, G] *= widen / n
+            x[:, OPT] *= widen_states / n
             x[~opt, T] += constant * 2 * block_bytes  # this block and the prefetched one, gathered
             x[phases == "backward", T] += constant * block_trainable_params * (4 if setup.mixed else half)
         return x
@@ -83,6 +89,7 @@ class PerGpu:
     batch_model: Timeline | None = field(repr=False)  # affine in the micro-batch, when captured for it
     live: np.ndarray = field(repr=False)  # (samples, categories) bytes at setup.micro_batch
     peak_bytes: int  # the step's tensors at their peak
+    paged_bytes: int = 0  # of which optimizer state in paged memory: the driver can evict it to the host
 
 
 def per_gpu(w: Workload, setup: Setup) -> PerGpu:
@@ -96,5 +103,7 @@ def per_gpu(w: Workload, setup: Setup) -> PerGpu:
 
     timeline = sharded(w.timeline)
     live = timeline.live(setup.micro_batch)
+    paged = w.paged_bytes // setup.gpus if setup.sharding != "ddp" else w.paged_bytes  # each rank its shard's
     return PerGpu(workload=w, setup=setup, timeline=timeline, live=live, peak_bytes=int(live.sum(axis=1).max()),
+                  paged_bytes=paged,
                   batch_model=None if w.batch_model is None else sharded(w.batch_model))

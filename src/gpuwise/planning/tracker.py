@@ -252,6 +252,10 @@ class Tracker(TorchDispatchMode):
         self._op_kind: list[int] = []
         self._op_phase: list[int] = []
         self.marks: dict[str, int] = {}
+        # storage id -> (weak ref, block): in the optimizer step, an op on one block's parameters, gradients or
+        # states (and on what such ops made) is labelled with that block, as forward and backward samples are, so
+        # that per-parameter optimizer loops scale from 2- and 3-block captures like the blocks themselves
+        self._owner: dict[int, tuple[weakref.ref, int]] = {}
 
     # --- storages -------------------------------------------------------------------------------
     def _record(self, t: torch.Tensor, category: str) -> int | None:
@@ -285,6 +289,24 @@ class Tracker(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._record(t, category)
 
+    def own(self, tensors: Iterable[torch.Tensor | None], block: int) -> None:
+        """Mark these tensors' storages as block ``block``'s (see ``_owner``)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                self._owner[id(st)] = (weakref.ref(st), block)
+
+    def _block_of(self, leaves: list) -> int | None:
+        """The one block whose storages the op reads or writes; None for none or several (foreach over all)."""
+        found = set()
+        for t in leaves:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                hit = self._owner.get(id(st))
+                if hit is not None and hit[0]() is st:
+                    found.add(hit[1])
+        return found.pop() if len(found) == 1 else None
+
     def mark(self, name: str) -> None:
         """Remember the current sample (e.g. the end of the forward pass)."""
         self.marks[name] = len(self.labels) - 1
@@ -312,6 +334,10 @@ class Tracker(TorchDispatchMode):
             self._op_bytes.append(moved)
             self._op_kind.append(op_kind(name, flops, func.namespace))
             self._op_phase.append(_PHASE[self.phase])
+        if self._owner and self.phase == "optimizer":
+            self.block = self._block_of(tree_leaves((args, kwargs)))
+            if self.block is not None:
+                self.own(tree_leaves(out), self.block)
         fresh = False
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and self._record(t, "temporaries") is not None:

@@ -48,6 +48,9 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
                  f"{human_bytes(plan.overhead_bytes)} CUDA context and workspaces")
+    if plan.paged_bytes:
+        head.add_row("paged", f"{human_bytes(plan.paged_bytes)} of optimizer state is paged: it can spill to host "
+                     "memory (slower steps), so the fit counts the rest")
     if s.training:
         head.add_row("activations", f"{human_bytes(plan.activations_bytes)} saved for backward at the end of forward")
     if plan.captured_blocks:
@@ -68,7 +71,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
             at_peak.add_row(cat, human_bytes(value), f"{100 * value / total:.0f}%", "█" * round(30 * value / total))
     console.print(at_peak)
 
-    fits = Table(title=f"fit (needs = peak + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
+    paged = f" - {human_bytes(plan.paged_bytes)} paged" if plan.paged_bytes else ""
+    fits = Table(title=f"fit (needs = peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
                  padding=(0, 1), pad_edge=False)
     for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
                          ("fits", "left"), ("max micro-\nbatch", "right"), ("step ≥", "right")):

@@ -17,7 +17,7 @@ from gpuwise.precision import PRECISIONS, Precision
 
 if TYPE_CHECKING:
     from gpuwise.hardware.device import Target
-    from gpuwise.planning.setup import Checkpointing, Setup, Task
+    from gpuwise.planning.setup import Checkpointing, Optimizer, Setup, Task
 
 TrainSharding = Literal["ddp", "fsdp"]  # what train runs of the planner's ddp|zero1|zero2|fsdp
 Example = Literal["text", "image"]
@@ -51,17 +51,26 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     checkpointing: Checkpointing = "none"  # full: recompute every block in backward (activation checkpointing)
     sharding: TrainSharding = "ddp"  # under torchrun: replicate, or shard with FSDP2
+    optimizer: Optimizer = "adamw"  # the trainer runs AdamW; the planner's other optimizers are plan only
+    optimizer_in_backward: bool = False  # plan only
     loss: str = "standard"  # chunked or fused (gpuwise.models.loss): run for --example text, plan only otherwise
 
     def __post_init__(self) -> None:
-        from gpuwise.planning.setup import Checkpointing, _choice, _positive
+        from gpuwise.planning.setup import Checkpointing, Optimizer, _choice, _positive
 
         if self.precision is not None:
             _choice("precision", self.precision, Precision)
         _choice("checkpointing", self.checkpointing, Checkpointing)
+        _choice("optimizer", self.optimizer, Optimizer)
         from gpuwise.planning.setup import Loss
 
         _choice("loss", self.loss, Loss)
+        if self.optimizer != "adamw":
+            raise plan_only(f"--optimizer {self.optimizer} is planned by gpuwise plan; gpuwise train runs AdamW",
+                            "drop --optimizer, or see the plan with gpuwise plan --optimizer " + self.optimizer)
+        if self.optimizer_in_backward:
+            raise plan_only("--optimizer-in-backward is planned by gpuwise plan; gpuwise train steps after backward",
+                            "drop --optimizer-in-backward")
         if self.sharding in ("zero1", "zero2"):
             raise plan_only(f"--sharding {self.sharding} is planned by gpuwise plan, not run by gpuwise train",
                             "use --sharding fsdp under torchrun (it shards weights, gradients and optimizer state)")
