@@ -41,7 +41,8 @@ def test_a_loader_that_sleeps_with_no_workers_is_input_bound_and_with_workers_is
     fed = [_train(capsys, sleepy, "--workers", "8") for _ in range(3)]
     assert sum(s["diagnosis"]["bottleneck"] == "input-bound" for s in starved) >= 2
     assert sum(s["diagnosis"]["bottleneck"] == "input-bound" for s in fed) <= 1
-    assert statistics.median(s["data_wait"] for s in starved) > 0.45  # 128 ms of sleep against 20-150 ms of work
+    # 128 ms of sleep against 20 ms of work on an idle core, up to ~250 ms on a loaded one: above the class's line
+    assert statistics.median(s["data_wait"] for s in starved) > 0.30
     assert statistics.median(s["data_wait"] for s in fed) < 0.35
     d = starved[0]["diagnosis"]
     assert d["fix"] and any("num_workers" in f for f in d["fix"]) and d["evidence"]
