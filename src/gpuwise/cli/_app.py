@@ -21,6 +21,28 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of ta
 DeviceOption = Annotated[str | None, typer.Option(
     help="cpu, cuda, cuda:N or mps (default: the first GPU torch can use, else mps, else cpu).")]
 
+# The planner's recipe options, one declaration for plan and recommend (train refuses them as plan only).
+OptimizerOption = Annotated[str | None, typer.Option(
+    help="adamw, sgd (momentum 0.9), adamw8bit or paged-adamw8bit (bitsandbytes), adafactor, lion [adamw].")]
+OptimizerInBackwardFlag = Annotated[bool, typer.Option(
+    "--optimizer-in-backward", help="Step each parameter as soon as its gradient is ready (torchtune's "
+    "optimizer_in_bwd): one GPU, no accumulation.")]
+LoraRankOption = Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")]
+QloraFlag = Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")]
+LoraTargetsOption = Annotated[str | None, typer.Option(help=(
+    "LoRA targets: short names q,k,v,o,gate,up,down, all-linear (every linear layer but the head), layer names as "
+    "PEFT's target_modules (q_proj, attention.wq), fnmatch patterns ('*.wq') or re:REGEX on qualified names "
+    "[every linear layer in the blocks]."))]
+LoraDropoutOption = Annotated[float | None, typer.Option(
+    help="Dropout on each adapter's input (PEFT's lora_dropout) [0].")]
+QloraRecipeOption = Annotated[str | None, typer.Option(help=(
+    "peft: as PEFT's prepare_model_for_kbit_training leaves the model (weights not in 4 bits up-cast to fp32, "
+    "gradient checkpointing on unless --checkpointing is given); plain: the model as loaded, in the compute dtype "
+    "(litgpt, torchtune, Unsloth) [peft]."))]
+LossOption = Annotated[str | None, typer.Option(help=(
+    "A decoder LM's loss: standard (the whole logits up-cast to fp32, as transformers does), chunked (torchtune's "
+    "chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger runs it) [standard]."))]
+
 
 def _version(value: bool) -> None:
     if value:

@@ -7,19 +7,21 @@ from typing import Annotated
 
 import typer
 
-from gpuwise.cli._app import DeviceOption, JsonFlag, app, check_png
+from gpuwise.cli._app import (
+    DeviceOption,
+    JsonFlag,
+    LoraDropoutOption,
+    LoraRankOption,
+    LoraTargetsOption,
+    LossOption,
+    OptimizerInBackwardFlag,
+    OptimizerOption,
+    QloraFlag,
+    QloraRecipeOption,
+    app,
+    check_png,
+)
 from gpuwise.errors import GpuwiseError
-
-LORA_TARGETS_HELP = ("LoRA targets: short names q,k,v,o,gate,up,down, all-linear (every linear layer but the head), "
-                     "layer names as PEFT's target_modules (q_proj, attention.wq), fnmatch patterns ('*.wq') or "
-                     "re:REGEX on qualified names [every linear layer in the blocks].")
-QLORA_RECIPE_HELP = ("peft: as PEFT's prepare_model_for_kbit_training leaves the model (weights not in 4 bits up-cast "
-                     "to fp32, gradient checkpointing on unless --checkpointing is given); plain: the model as "
-                     "loaded, in the compute dtype (litgpt, torchtune, Unsloth) [peft].")
-
-LOSS_HELP = ("A decoder LM's loss: standard (the whole logits up-cast to fp32, as transformers does), chunked "
-             "(torchtune's chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger "
-             "runs it) [standard].")
 
 
 @app.command()
@@ -37,23 +39,19 @@ def plan(
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
-    optimizer: Annotated[str | None, typer.Option(help="adamw, sgd (momentum 0.9), adamw8bit or paged-adamw8bit "
-                                                       "(bitsandbytes), adafactor, lion.")] = None,
-    optimizer_in_backward: Annotated[bool, typer.Option(
-        "--optimizer-in-backward", help="Step each parameter as soon as its gradient is ready (torchtune's "
-        "optimizer_in_bwd): one GPU, no accumulation.")] = False,
+    optimizer: OptimizerOption = None,
+    optimizer_in_backward: OptimizerInBackwardFlag = False,
     checkpointing: Annotated[str | None, typer.Option(help="none or full (recompute every block).")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
-    lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
-    qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
-    lora_targets: Annotated[str | None, typer.Option(help=LORA_TARGETS_HELP)] = None,
-    lora_dropout: Annotated[float | None, typer.Option(help="Dropout on each adapter's input (PEFT's lora_dropout) "
-                                                            "[0].")] = None,
-    qlora_recipe: Annotated[str | None, typer.Option(help=QLORA_RECIPE_HELP)] = None,
+    lora_rank: LoraRankOption = None,
+    qlora: QloraFlag = False,
+    lora_targets: LoraTargetsOption = None,
+    lora_dropout: LoraDropoutOption = None,
+    qlora_recipe: QloraRecipeOption = None,
     attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
                                                        "built-in GPT and Llama models.")] = None,
-    loss: Annotated[str | None, typer.Option(help=LOSS_HELP)] = None,
+    loss: LossOption = None,
     gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
                                                  "fit (default: every catalog GPU; remedies for --device's "
                                                  "GPU, else h100-sxm).")] = None,

@@ -8,8 +8,19 @@ from typing import Annotated
 
 import typer
 
-from gpuwise.cli._app import JsonFlag, app, check_png
-from gpuwise.cli.plan import LORA_TARGETS_HELP, LOSS_HELP, QLORA_RECIPE_HELP
+from gpuwise.cli._app import (
+    JsonFlag,
+    LoraDropoutOption,
+    LoraRankOption,
+    LoraTargetsOption,
+    LossOption,
+    OptimizerInBackwardFlag,
+    OptimizerOption,
+    QloraFlag,
+    QloraRecipeOption,
+    app,
+    check_png,
+)
 from gpuwise.errors import GpuwiseError
 
 _UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -53,20 +64,16 @@ def recommend(
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure) "
                                                        "[each GPU's default: bf16 autocast if it has bf16].")] = None,
     checkpointing: Annotated[str | None, typer.Option(help="none or full [none if it fits, else full].")] = None,
-    optimizer: Annotated[str | None, typer.Option(help="adamw, sgd (momentum 0.9), adamw8bit or paged-adamw8bit "
-                                                       "(bitsandbytes), adafactor, lion [adamw].")] = None,
-    optimizer_in_backward: Annotated[bool, typer.Option(
-        "--optimizer-in-backward", help="Step each parameter as soon as its gradient is ready (torchtune's "
-        "optimizer_in_bwd): one GPU, no accumulation.")] = False,
+    optimizer: OptimizerOption = None,
+    optimizer_in_backward: OptimizerInBackwardFlag = False,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp [ddp if it fits, else fsdp].")
                         ] = None,
-    lora_rank: Annotated[int | None, typer.Option(help="LoRA rank for --task finetune-lora.")] = None,
-    qlora: Annotated[bool, typer.Option("--qlora", help="finetune-lora with a 4-bit frozen base.")] = False,
-    lora_targets: Annotated[str | None, typer.Option(help=LORA_TARGETS_HELP)] = None,
-    lora_dropout: Annotated[float | None, typer.Option(help="Dropout on each adapter's input (PEFT's lora_dropout) "
-                                                            "[0].")] = None,
-    qlora_recipe: Annotated[str | None, typer.Option(help=QLORA_RECIPE_HELP)] = None,
-    loss: Annotated[str | None, typer.Option(help=LOSS_HELP)] = None,
+    lora_rank: LoraRankOption = None,
+    qlora: QloraFlag = False,
+    lora_targets: LoraTargetsOption = None,
+    lora_dropout: LoraDropoutOption = None,
+    qlora_recipe: QloraRecipeOption = None,
+    loss: LossOption = None,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
     samples: Annotated[float | None, typer.Option(help="The goal in samples (images, sequences).")] = None,
     epochs: Annotated[float | None, typer.Option(help="The goal in epochs of --dataset-size samples.")] = None,
