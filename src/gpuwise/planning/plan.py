@@ -52,6 +52,9 @@ class MemoryPlan:
     remedies: tuple[Remedy, ...]
     uncosted: dict[str, int]
     captured_blocks: tuple[int, ...] | None
+    # a training step planned without accumulation: its peak if the gradients stayed alive through forward and
+    # backward, as they do from the second micro-batch on when --batch is above --micro-batch (None otherwise)
+    accumulation_peak_bytes: int | None = None
     timeline: np.ndarray = field(repr=False, compare=False)  # (samples, categories) bytes at this batch
     timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
 
@@ -98,6 +101,21 @@ class _RemedyGpu:
         return fit_on(step, self.acc)
 
 
+def accumulation_peak(setup: Setup, live: np.ndarray, phases: tuple[str, ...]) -> int | None:
+    """The peak of ``live`` (a step without accumulation) had the gradients been held through forward and backward:
+    under accumulation every micro-batch after the first runs with all the gradients of the ones before alive
+    (``zero_grad(set_to_none=True)`` frees them only after the optimizer step), and backward adds into them in
+    place. Computed from this step's own timeline, not a second capture; None where it does not apply."""
+    if not setup.training or setup.grad_accum > 1 or setup.optimizer_in_backward:
+        return None
+    g = CATEGORIES.index("gradients")
+    held = live[:, g].max()
+    passes = np.isin(np.asarray(phases), ("forward", "backward"))
+    totals = live.sum(axis=1)
+    totals[passes] += held - live[passes, g]
+    return int(totals.max())
+
+
 def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = None,
          catalog: Catalog | None = None, calibrations: dict[str, Calibration] | None = None) -> MemoryPlan:
     """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU.
@@ -129,6 +147,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         gpu=primary_acc.key, fits=mine.fits, max_batch=mine.max_batch, gpus=fits,
         remedies=remedies(setup, _RemedyGpu(planner, primary_acc)) if not mine.fits else (),
         uncosted=w.uncosted, captured_blocks=w.captured_blocks,
+        accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
     )
 

@@ -53,6 +53,12 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                      "memory (slower steps), so the fit counts the rest")
     if s.training:
         head.add_row("activations", f"{human_bytes(plan.activations_bytes)} saved for backward at the end of forward")
+    accum = plan.accumulation_peak_bytes
+    if accum is not None and accum - plan.peak_bytes > max(0.02 * plan.peak_bytes, 64 << 20):
+        held = human_bytes(max(plan.timeline[:, list(plan.breakdown).index("gradients")].max(), 0))
+        head.add_row("accumulation", Text(f"none planned: with --batch above --micro-batch the {held} of gradients "
+                                          f"stay alive through every forward and backward, and the peak is "
+                                          f"{human_bytes(accum)}", style="yellow"))
     if plan.captured_blocks:
         head.add_row("captured", "2 and 3 blocks on fake tensors, scaled to the full stack")
     if plan.uncosted:
