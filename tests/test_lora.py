@@ -13,7 +13,7 @@ import torch
 from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import get_model
-from gpuwise.planning import Setup
+from gpuwise.planning import Setup, plan_model
 from gpuwise.planning import transforms as T
 from gpuwise.planning.fit import OVERHEAD_BYTES
 from gpuwise.planning.plan import Planner
@@ -271,3 +271,10 @@ def test_json_plan_carries_the_setup(capsys):
     assert code == 0, err
     data = json.loads(out)
     assert data["trainable_params"] == 12 * 16 * (768 + 3 * 768)  # GPT-2's fused c_attn: 768 -> 2304
+
+
+def test_peft_recipe_on_an_image_model_in_pure_bf16():
+    """prepare_model_for_kbit_training leaves a ViT's patch embedding (a Conv2d, not quantised) in fp32, so the
+    images it takes are fp32 even when the run is pure bf16 elsewhere: planned, not refused with a dtype clash."""
+    p = plan_model("vit-b16", Setup(task="finetune-lora", qlora=True, precision="bf16"), gpu="h100")
+    assert p.trainable_params < p.params and p.peak_bytes > 0

@@ -155,7 +155,10 @@ class Setup:
     @property
     def input_dtype(self) -> torch.dtype:
         """Floating-point inputs arrive as the model's weights are stored: autocast casts them from fp32 in
-        training; a frozen (inference) model holds its weights in the compute dtype."""
+        training; a frozen (inference) model holds its weights in the compute dtype; QLoRA as PEFT prepares it
+        holds every weight outside the 4-bit layers in fp32 (a ViT's patch embedding, say), so its inputs are fp32."""
+        if self.peft_qlora:
+            return torch.float32
         return self.spec.weight_dtype if self.training else self.spec.compute_dtype
 
     @property

@@ -38,7 +38,7 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     s = plan.setup
     unit = "token" if plan.tokens_per_step > s.micro_batch * s.grad_accum else "sample"  # per GPU, both
     console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
-                  f"{unit}s{' per GPU' if s.gpus > 1 else ''} per step")
+                  f"{unit}{'s' if plan.tokens_per_step != 1 else ''}{' per GPU' if s.gpus > 1 else ''} per step")
     head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
     head.add_column(style="bold", no_wrap=True)
     head.add_column(overflow="fold")
