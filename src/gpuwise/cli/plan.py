@@ -41,7 +41,9 @@ def plan(
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
     optimizer: OptimizerOption = None,
     optimizer_in_backward: OptimizerInBackwardFlag = False,
-    checkpointing: Annotated[str | None, typer.Option(help="none or full (recompute every block).")] = None,
+    checkpointing: Annotated[str | None, typer.Option(help="none, full (recompute every block) or selective "
+                                                         "(torchtitan's op policy: keep every other matmul's output "
+                                                         "and attention's).")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
     lora_rank: LoraRankOption = None,

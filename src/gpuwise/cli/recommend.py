@@ -63,7 +63,8 @@ def recommend(
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure) "
                                                        "[each GPU's default: bf16 autocast if it has bf16].")] = None,
-    checkpointing: Annotated[str | None, typer.Option(help="none or full [none if it fits, else full].")] = None,
+    checkpointing: Annotated[str | None, typer.Option(help="none, full or selective (torchtitan's op policy) "
+                                                         "[none if it fits, else full].")] = None,
     optimizer: OptimizerOption = None,
     optimizer_in_backward: OptimizerInBackwardFlag = False,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp [ddp if it fits, else fsdp].")

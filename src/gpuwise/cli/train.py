@@ -48,7 +48,8 @@ def train(
     device: DeviceOption = None,
     compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
     checkpointing: Annotated[str | None, typer.Option(
-        help="none, or full: recompute each block in backward (activation checkpointing) "
+        help="none; full: recompute each block in backward (activation checkpointing); selective: keep what "
+             "torchtitan's op policy keeps (every other matmul's output, attention's) "
              f"{_default(TrainConfig, 'checkpointing')}.")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs (processes): must be what torchrun started "
                                                               "\\[torchrun's count, else 1].")] = None,

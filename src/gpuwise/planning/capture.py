@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, FakeTensorMode
+from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, FakeTensorMode, tree_leaves
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning.autocast import CudaEmulation
@@ -230,12 +230,16 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                        adapter_dtype=torch.float32 if setup.peft_qlora else setup.weight_dtype,
                        quantize_base=setup.qlora, compute_dtype=setup.compute_dtype, targets=setup.lora_targets,
                        dropout=setup.lora_dropout, depth=source.n_layer if n_layer is not None else None)
-        if setup.training and setup.checkpointing == "full":
+        if setup.training and setup.checkpointing != "none":
             if blocks is None:
-                raise NotApplicable("--checkpointing full: the model has no repeated blocks (an nn.ModuleList)",
-                                   "put the layers in an nn.ModuleList, or pass --checkpointing none")
-            # torch.utils.checkpoint restores real autocast by itself; our emulation must be re-entered
-            apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False))
+                raise NotApplicable(f"--checkpointing {setup.checkpointing}: the model has no repeated blocks (an "
+                                    "nn.ModuleList)",
+                                    "put the layers in an nn.ModuleList, or pass --checkpointing none")
+            # torch.utils.checkpoint restores real autocast by itself; our emulation must be re-entered. What the
+            # selective policy keeps is held by the checkpoint, not autograd: tagged as activations here.
+            apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False),
+                                selective=setup.checkpointing == "selective",
+                                on_saved=lambda out: tracker.tag(tree_leaves(out), "activations"))
         if not setup.training:
             model.eval()  # BatchNorm uses its running statistics, dropout is off
         largest = max(blocks, key=_state_bytes) if blocks is not None else nn.Module()

@@ -100,7 +100,17 @@ def mixed_precision(s: Setup, gpu: Gpu) -> Setup | None:
 
 
 def checkpointing(s: Setup, gpu: Gpu) -> Setup | None:
-    return replace(s, checkpointing="full") if s.checkpointing == "none" else None
+    """Selective checkpointing (torchtitan's op policy) where it fits with room to spare: it recomputes less than
+    whole blocks, so it runs faster; else every block whole."""
+    if s.checkpointing != "none":
+        return None
+    selective = replace(s, checkpointing="selective")
+    try:
+        if gpu.fit(selective).status == "fits":
+            return selective
+    except NotApplicable:
+        pass
+    return replace(s, checkpointing="full")
 
 
 def accumulation(s: Setup, gpu: Gpu) -> Setup | None:
@@ -159,7 +169,8 @@ class Step:
 
 TRAINING: tuple[Step, ...] = (
     Step(change=mixed_precision, name=lambda s: f"{s.spec.compute} mixed precision"),
-    Step(change=checkpointing, name=lambda s: "activation checkpointing"),
+    Step(change=checkpointing, name=lambda s: "activation checkpointing"
+         + (" (selective: torchtitan's op policy)" if s.checkpointing == "selective" else "")),
     Step(change=accumulation, while_short=True,
          name=lambda s: f"micro-batch {s.micro_batch} x {s.grad_accum} accumulation (same batch)"),
     Step(change=fsdp, keep=False, while_short=True, name=lambda s: f"FSDP over {s.gpus} GPUs (global batch {s.batch})"),

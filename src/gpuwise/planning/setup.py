@@ -12,7 +12,7 @@ from gpuwise.precision import PRECISIONS, Precision, PrecisionSpec
 
 Task = Literal["train", "finetune-lora", "infer"]
 Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # planning/optimizers.py
-Checkpointing = Literal["none", "full"]
+Checkpointing = Literal["none", "full", "selective"]  # selective: torchtitan's op-level policy (transforms.py)
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
 QLoRARecipe = Literal["peft", "plain"]
@@ -89,7 +89,7 @@ class Setup:
         self._check_lora()
         if self.task == "infer":
             for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
-                              ("--checkpointing full", self.checkpointing != "none"),
+                              (f"--checkpointing {self.checkpointing}", self.checkpointing != "none"),
                               ("--sharding", self.sharding != "ddp"), ("--gpus", self.gpus != 1)):
                 if bad:
                     raise GpuwiseError(f"{flag} has no meaning for --task infer",

@@ -46,7 +46,7 @@ def _settings(o: Option) -> str:
     if s is None:
         return "-"
     parts = [s.sharding] if s.gpus > 1 else []
-    parts += ["ckpt"] if s.checkpointing == "full" else []
+    parts += {"full": ["ckpt"], "selective": ["sel-ckpt"]}.get(s.checkpointing, [])
     parts += [s.spec.compute] if s.precision != "bf16-mixed" else []  # fp16 (autocast), fp32, or bf16 (pure)
     parts.append(f"mb {s.micro_batch}" + (f"x{s.grad_accum}" if s.grad_accum > 1 else ""))
     return " ".join(parts)
@@ -153,7 +153,8 @@ def render_recommend(r: Recommendation, console: Console) -> None:
     if more > 0:
         notes.append(f"{more} more rows with --json.")
     notes.append("time: to the goal at the predicted rate; kWh and per-joule at board power (TDP), an upper "
-                 "bound; settings: sharding, ckpt = activation checkpointing, mb = micro-batch x accumulation.")
+                 "bound; settings: sharding, ckpt = activation checkpointing (sel-ckpt: selective), mb = micro-batch x "
+                 "accumulation.")
     if r.best is not None:
         notes.append(f"to run the first row: gpuwise train (or plan) ... {r.best.flags}".rstrip()
                      if r.best.flags else "the first row runs as given")

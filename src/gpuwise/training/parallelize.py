@@ -32,16 +32,17 @@ class Parallelized:
     autocast_dtype: torch.dtype | None  # None under FSDP2 too: its mixed-precision policy casts the parameters
 
 
-def apply_checkpointing(model: nn.Module) -> None:
-    """Recompute every block in backward; a model without a stack of blocks is refused."""
+def apply_checkpointing(model: nn.Module, mode: str = "full") -> None:
+    """Recompute every block in backward (``selective``: all but what torchtitan's op-level policy saves, as the
+    planner simulates it); a model without a stack of blocks is refused."""
     from gpuwise.planning.transforms import apply_checkpointing as wrap_blocks
     from gpuwise.planning.transforms import find_blocks
 
     blocks = find_blocks(model)
     if blocks is None:
-        raise GpuwiseError(f"--checkpointing full found no repeated blocks in {type(model).__name__}",
+        raise GpuwiseError(f"--checkpointing {mode} found no repeated blocks in {type(model).__name__}",
                            "pass --checkpointing none, or keep the blocks in an nn.ModuleList")
-    wrap_blocks(blocks)
+    wrap_blocks(blocks, selective=mode == "selective")
 
 
 def apply_fsdp(model: nn.Module, optimizer: torch.optim.Optimizer, spec: PrecisionSpec, *, device_type: str,
@@ -80,8 +81,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, config: Trai
                 world_size: int) -> Parallelized:
     """``config``'s checkpointing, sharding and compile applied to ``model`` (its precision must be decided)."""
     spec = PRECISIONS[config.precision]
-    if config.checkpointing == "full":
-        apply_checkpointing(model)
+    if config.checkpointing != "none":
+        apply_checkpointing(model, config.checkpointing)
     if config.sharding == "fsdp" and world_size > 1:
         optimizer = apply_fsdp(model, optimizer, spec, device_type=device.type, world_size=world_size)
         if config.compile:
