@@ -46,7 +46,9 @@ def test_quantisation_and_experts_cut_the_bytes_read():
     acc = CATALOG.get("rtx-4090")
     bf16 = decode_time(acc, **LLAMA3_8B)
     int4 = decode_time(acc, **LLAMA3_8B, quant="int4")
-    assert 0.5 < bytes_per_weight("int4") < 0.55 and bytes_per_weight("int8") == bytes_per_weight("fp8") == 1
+    assert 0.5 < bytes_per_weight("int4") < 0.55
+    # one byte a weight plus their scales (an fp32 per row for LLM.int8, one per tensor for fp8): quantize.FORMATS
+    assert bytes_per_weight("int8") == pytest.approx(1, abs=1e-3) and bytes_per_weight("fp8") == pytest.approx(1)
     assert int4.tokens_per_s > 2.5 * bf16.tokens_per_s
     moe = decode_time(acc, params=46.7e9, active_params=12.9e9, layers=32, kv_heads=8, head_dim=128, quant="int4")
     dense = decode_time(acc, params=46.7e9, layers=32, kv_heads=8, head_dim=128, quant="int4")

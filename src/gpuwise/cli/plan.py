@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import (
+    ContextOption,
     DeviceOption,
     JsonFlag,
     LoraDropoutOption,
@@ -18,6 +19,7 @@ from gpuwise.cli._app import (
     OptimizerOption,
     QloraFlag,
     QloraRecipeOption,
+    WeightsOption,
     app,
     check_png,
 )
@@ -31,7 +33,8 @@ def plan(
         "function(batch_size) returns (model, inputs).")] = None,
     hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="List the built-in models and exit.")] = False,
-    task: Annotated[str | None, typer.Option(help="train, finetune-lora or infer.")] = None,
+    task: Annotated[str | None, typer.Option(help="train, finetune-lora, infer (a prefill of --seq tokens) or "
+                                                  "decode (one token after --context cached ones).")] = None,
     batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU "
                                                    "[--micro-batch x --gpus].")] = None,
     micro_batch: Annotated[int | None, typer.Option(help="Samples per GPU per forward; the rest of --batch is "
@@ -51,6 +54,8 @@ def plan(
     lora_targets: LoraTargetsOption = None,
     lora_dropout: LoraDropoutOption = None,
     qlora_recipe: QloraRecipeOption = None,
+    weights: WeightsOption = None,
+    context: ContextOption = None,
     attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
                                                        "built-in GPT and Llama models.")] = None,
     loss: LossOption = None,
@@ -65,6 +70,7 @@ def plan(
 
     Examples: gpuwise plan --model gpt2 --batch 8; gpuwise plan --model llama3-8b --gpu h100 --seq 8192;
     gpuwise plan --model llama2-7b --task finetune-lora --qlora --gpu rtx-4090;
+    gpuwise plan --model llama3-8b --task decode --context 8192 --batch 8 --weights int4 --gpu rtx-4090;
     gpuwise plan --model my_net.py:build --batch 32 --json
     """
     from gpuwise import render
@@ -82,7 +88,7 @@ def plan(
 
     training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
                                     ("--checkpointing", checkpointing)) if v not in (None, False)]
-    if task == "infer" and training_only:
+    if task in ("infer", "decode") and training_only:
         raise GpuwiseError(f"{training_only[0]} has no meaning for --task infer", f"drop {training_only[0]}")
     lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
                                  ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
@@ -93,6 +99,7 @@ def plan(
              "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None,
              "checkpointing": checkpointing, "sharding": sharding,
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
+    given |= {"context": context, "weights": weights}
     given |= {"loss": loss}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or 1,

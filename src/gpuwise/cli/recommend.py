@@ -18,6 +18,7 @@ from gpuwise.cli._app import (
     OptimizerOption,
     QloraFlag,
     QloraRecipeOption,
+    WeightsOption,
     app,
     check_png,
 )
@@ -55,8 +56,7 @@ def recommend(
                             ] = None,
     ttft_ms: Annotated[float | None, typer.Option(help="Serving: longest time to the first token.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="Serving: longest time per output token.")] = None,
-    weights: Annotated[str, typer.Option(help="Serving: how the weights are stored: bf16, fp16, fp8, int8, "
-                                              "int4 (GPTQ/AWQ), nf4, q4_k_m.")] = "bf16",
+    weights: WeightsOption = None,
     batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU, kept "
                                                    "on every row [64].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
@@ -104,6 +104,10 @@ def recommend(
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
     check_png(plot)
+    if task == "decode":
+        raise GpuwiseError("recommend ranks generation with its serving model (--serve): --task decode is one step "
+                           "for gpuwise plan", "pass --serve (the context is --prompt-tokens + --output-tokens), or "
+                           "run gpuwise plan --task decode --context N")
     serving = serve or task == "infer"
     sort = sort or ("cost" if serving else "time")
     if sort not in ("time", "cost", "energy"):
@@ -152,13 +156,13 @@ def recommend(
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
         traffic = Traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
                           tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
-                          tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights)
+                          tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or "bf16")
         result = rank_serving(resolve_source(model, hf_config), traffic, constraints, batch=batch or 1,
                               precision=precision, image_size=image_size, sort=sort, goal=goal,  # type: ignore[arg-type]
                               catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
         _show(result, plot, json_out)
         return
-    served = [f for f, v in (("--weights", weights != "bf16"), ("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms),
+    served = [f for f, v in (("--weights", weights), ("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms),
                              ("--tokens-per-s", tokens_per_s), ("--concurrency", concurrency != 1),
                              ("--prompt-tokens", prompt_tokens != 512), ("--output-tokens", output_tokens != 256))
               if v not in (None, False)]

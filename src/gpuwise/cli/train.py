@@ -70,6 +70,8 @@ def train(
     lora_targets: Annotated[str | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     lora_dropout: Annotated[float | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     qlora_recipe: Annotated[str | None, typer.Option(help="Plan only (finetune-lora).")] = None,
+    weights: Annotated[str | None, typer.Option(help="Plan only (--task infer or decode).")] = None,
+    context: Annotated[int | None, typer.Option(help="Plan only (--task decode).")] = None,
     fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel \\[fused on GPUs].")] = None,
     workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
                        ] = None,
@@ -103,6 +105,13 @@ def train(
     m.py:dataset; torchrun --nproc_per_node 2 -m gpuwise train --gpus 2 --sharding fsdp
     """
     import json as _json
+
+    from gpuwise.training.config import plan_only
+
+    for flag, value in (("--weights", weights), ("--context", context)):
+        if value is not None:
+            raise plan_only(f"{flag} {value} (inference) is planned by gpuwise plan; gpuwise train trains",
+                            f"drop {flag}, or see the plan: gpuwise plan --task decode {flag} {value}")
 
     from gpuwise import render
     from gpuwise.files import open_log

@@ -10,13 +10,26 @@ from gpuwise.models.loss import lm_loss  # noqa: F401  (the standard loss, where
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (K, V) pair per block, each (B, n_kv_heads, S, hs)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str, *, causal: bool = True
+                     ) -> torch.Tensor:
     """Causal attention over (B, heads, T, head_dim), k and v possibly with fewer heads (GQA): PyTorch's SDPA,
-    or gpuwise's block-sparse FlashAttention kernel (``impl="gpuwise"``)."""
+    or gpuwise's block-sparse FlashAttention kernel (``impl="gpuwise"``). ``causal=False``: one new token's query
+    over a KV cache that holds only earlier tokens (a decode step), where the causal mask hides nothing."""
     if impl == "gpuwise":
         from gpuwise.ops import attention
 
-        return attention(q, k, v, causal=True)
+        return attention(q, k, v, causal=causal)
     if impl != "sdpa":
         raise ValueError(f"attn_impl {impl!r} is not sdpa or gpuwise")
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def cached_kv(cache, k: torch.Tensor, v: torch.Tensor, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write the K and V of tokens ``pos..pos+T`` into a preallocated cache (B, n_kv, S, hs) and return its first
+    pos+T tokens, as gpt-fast's static KVCache does (``pos`` 0: a prefill; T = 1 after it: a decode step)."""
+    t = k.shape[2]
+    if pos and t != 1:
+        raise ValueError(f"a step at position {pos} feeds one token, not {t}")
+    cache[0][:, :, pos:pos + t].copy_(k)
+    cache[1][:, :, pos:pos + t].copy_(v)
+    return cache[0][:, :, :pos + t], cache[1][:, :, :pos + t]

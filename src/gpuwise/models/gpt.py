@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.models.common import KVCache, causal_attention
+from gpuwise.models.common import KVCache, cached_kv, causal_attention
 from gpuwise.models.loss import causal_lm_loss
 
 
@@ -34,15 +34,14 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
-    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, pos: int = 0
+                ) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
-        if cache is not None:  # prefill: keep K and V for the tokens to come
-            cache[0][:, :, :t].copy_(k)
-            cache[1][:, :, :t].copy_(v)
-            k, v = cache[0][:, :, :t], cache[1][:, :, :t]
-        y = causal_attention(q, k, v, self.attn_impl)
+        if cache is not None:  # prefill: keep K and V for the tokens to come; decode: add one and read them all
+            k, v = cached_kv(cache, k, v, pos)
+        y = causal_attention(q, k, v, self.attn_impl, causal=pos == 0)
         return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -64,8 +63,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, pos: int = 0
+                ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -89,14 +89,15 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layer))
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None, pos: int = 0
     ) -> torch.Tensor:
+        """``pos``: tokens already in ``kv_cache`` (a decode step feeds the next one)."""
         t = idx.shape[1]
-        if t > self.cfg.block_size:
-            raise ValueError(f"sequence of {t} tokens is longer than GPT-2's {self.cfg.block_size} positions")
-        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        if pos + t > self.cfg.block_size:
+            raise ValueError(f"sequence of {pos + t} tokens is longer than GPT-2's {self.cfg.block_size} positions")
+        x = self.wte(idx) + self.wpe(torch.arange(pos, pos + t, device=idx.device))
         for i, block in enumerate(self.blocks):
-            x = block(x, None if kv_cache is None else kv_cache[i])
+            x = block(x, None if kv_cache is None else kv_cache[i], pos)
         h = self.ln_f(x)
         if targets is None:
             return self.lm_head(h)

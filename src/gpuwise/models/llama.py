@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.models.common import KVCache, causal_attention
+from gpuwise.models.common import KVCache, cached_kv, causal_attention
 from gpuwise.models.loss import causal_lm_loss
 
 
@@ -56,17 +56,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_head * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_head * self.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, pos: int = 0) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
         k = self.wk(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hs)
         v = self.wv(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is not None:
-            cache[0][:, :, :t].copy_(k)
-            cache[1][:, :, :t].copy_(v)
-            k, v = cache[0][:, :, :t], cache[1][:, :, :t]
-        y = causal_attention(q, k, v, self.attn_impl)
+            k, v = cached_kv(cache, k, v, pos)
+        y = causal_attention(q, k, v, self.attn_impl, causal=pos == 0)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -89,8 +87,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, pos: int = 0) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, pos)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -105,19 +103,20 @@ class Llama(nn.Module):
         if cfg.tie_embeddings:  # Llama 3.2 1B and 3B
             self.output.weight = self.tok_embeddings.weight
 
-    def rope(self, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, t: int, device: torch.device, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         hd = self.cfg.dim // self.cfg.n_head
         inv_freq = 1.0 / self.cfg.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd)
-        angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)  # (T, hs/2)
+        angles = torch.outer(torch.arange(start, start + t, device=device, dtype=torch.float32), inv_freq)  # (T, hs/2)
         return angles.cos(), angles.sin()
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None, pos: int = 0
     ) -> torch.Tensor:
+        """``pos``: tokens already in ``kv_cache`` (a decode step feeds the next one)."""
         x = self.tok_embeddings(idx)
-        cos, sin = self.rope(idx.shape[1], idx.device)
+        cos, sin = self.rope(idx.shape[1], idx.device, pos)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, None if kv_cache is None else kv_cache[i])
+            x = block(x, cos, sin, None if kv_cache is None else kv_cache[i], pos)
         h = self.norm(x)
         if targets is None:
             return self.output(h)

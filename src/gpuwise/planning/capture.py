@@ -34,6 +34,7 @@ from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
+from gpuwise.planning.quantize import quantize_weights
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
 from gpuwise.planning.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
@@ -240,12 +241,15 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False),
                                 selective=setup.checkpointing == "selective",
                                 on_saved=lambda out: tracker.tag(tree_leaves(out), "activations"))
+        if setup.quantized:  # --weights: the blocks' linear layers as the serving library stores them
+            quantize_weights(blocks, setup.weights, setup.compute_dtype, model_name=source.name)
         if not setup.training:
             model.eval()  # BatchNorm uses its running statistics, dropout is off
         largest = max(blocks, key=_state_bytes) if blocks is not None else nn.Module()
         block_bytes = _state_bytes(largest)
-        block_trainable = sum(p.numel() for p in largest.parameters() if p.requires_grad)
-        trainable = [p for p in model.parameters() if p.requires_grad]
+        # inference trains nothing, whatever requires_grad says (modules are built with it on)
+        block_trainable = sum(p.numel() for p in largest.parameters() if p.requires_grad) if setup.training else 0
+        trainable = [p for p in model.parameters() if p.requires_grad] if setup.training else []
         if setup.training and not trainable:
             raise GpuwiseError("the model has no trainable parameters", "plan --task infer, or unfreeze some weights")
         mixed = setup.mixed and setup.training
@@ -306,6 +310,8 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         tracker.tag([*built.inputs, built.targets], "inputs")
         if kv_cache is not None:
             tracker.tag([t for pair in kv_cache for t in pair], "kv_cache")
+        if built.kv_filled is not None:
+            tracker.tag(built.kv_filled(), "kv_cache")
         tracker.tag(state_tensors(opts), "optimizer")
         paged = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in paged_tensors(opts)}
         paged_bytes = sum(-(-n // ALLOCATOR_ROUND_BYTES) * ALLOCATOR_ROUND_BYTES for n in paged.values())

@@ -45,6 +45,9 @@ class GpuFit:
     max_batch: int  # largest micro-batch that fits, same setup otherwise
     step_time_s: float | None  # roofline floor: max(FLOPs / compute rate, bytes / bandwidth); real steps are slower
     rates: str | None  # "datasheet" peaks, or "measured" by gpuwise bench --calibrate on this device
+    # --task decode: the per-token latency floor, max(bytes read / bandwidth, FLOPs / peak) (serving.decode_floor),
+    # which is then the step's floor too; None for the other tasks
+    token_floor_s: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -76,7 +79,13 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
     required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
     floor = step_time_floor(step, acc, calibration)
+    step_s, token_s = None if floor is None else floor.seconds, None
+    if step.setup.task == "decode":  # one step is one token: the floor of the bytes it must read
+        from gpuwise.planning.serving import DecodeRead, decode_floor
+
+        token = decode_floor(acc, DecodeRead.of(step), calibration=calibration)
+        step_s = token_s = None if token is None else token.seconds
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
                   headroom_bytes=headroom, status=status(headroom, acc.memory_bytes),
                   max_batch=max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
-                  step_time_s=None if floor is None else floor.seconds, rates=None if floor is None else floor.basis)
+                  step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s)

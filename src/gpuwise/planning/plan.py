@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
 from gpuwise.planning.remedies import Remedy, remedies
+from gpuwise.planning.serving import DecodeRead
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.sharding import PerGpu, capture_setup, per_gpu
 from gpuwise.planning.source import resolve_source
@@ -57,6 +58,7 @@ class MemoryPlan:
     accumulation_peak_bytes: int | None = None
     timeline: np.ndarray = field(repr=False, compare=False)  # (samples, categories) bytes at this batch
     timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
+    decode: DecodeRead | None = None  # --task decode: what one step reads (each GPU's token floor is in gpus)
 
 
 class Planner:
@@ -124,6 +126,9 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     """
     catalog = catalog or load_catalog()
     primary_acc = catalog.get(gpu or primary or DEFAULT_GPU)
+    if setup.task == "decode" and setup.context is None:  # the plan names the context it chose
+        source.check(setup)
+        setup = replace(setup, context=source.context(setup))
     planner = Planner(source)
     try:
         step = planner.per_gpu(setup, batch_model=True)
@@ -149,6 +154,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         uncosted=w.uncosted, captured_blocks=w.captured_blocks,
         accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
+        decode=DecodeRead.of(step) if setup.task == "decode" else None,
     )
 
 

@@ -13,16 +13,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.costmodel import COPY_CEILING, GEMM_CEILING, Efficiency, clock_share, efficiency, memory_class
+from gpuwise.planning.quantize import FORMATS
+from gpuwise.planning.tracker import CATEGORIES
 
-# Bytes per weight of weight-only quantisation. int4 / nf4 carry scales: GPTQ/AWQ group 128 with an fp16 scale
-# (+ 4-bit zero) ~0.52; bitsandbytes NF4 with double quantisation 4.127 bits (Dettmers et al. 2023, QLoRA §2);
-# llama.cpp Q4_K_M ~4.9 bits on Llama-3-8B (4.58 GiB for 8.03 B weights, XiongjieDai/GPU-Benchmarks-on-LLM-Inference).
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.52, "nf4": 4.127 / 8,
+if TYPE_CHECKING:
+    from gpuwise.planning.sharding import PerGpu
+
+# Bytes per weight of weight-only quantisation: the formats gpuwise plan --weights simulates are stored as
+# planning/quantize.py lays them out (the one place that decides; here for a 4096 x 4096 layer: int4 as AWQ group 128
+# ~0.52, nf4 with double quantisation 4.127 bits, Dettmers et al. 2023, QLoRA §2; int8 and fp8 1 B plus their
+# scales); llama.cpp Q4_K_M, not simulated, ~4.9 bits on Llama-3-8B (4.58 GiB for 8.03 B weights,
+# XiongjieDai/GPU-Benchmarks-on-LLM-Inference).
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, **{k: f.bytes_per_weight() for k, f in FORMATS.items()},
                 "q4_k_m": 4.9 / 8}
 
 
@@ -56,6 +64,64 @@ class DecodeTime:
     ttft_s: float  # prefill of the prompt, plus one step
     bound: str  # "memory" or "compute"
     basis: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeRead:
+    """What one decode step reads, from its capture (``gpuwise plan --task decode``): every stored weight once, and
+    every sequence's KV cache (the N cached tokens and the new one); its FLOPs (matmuls, and attention over the cache).
+    """
+
+    weight_bytes: int
+    kv_cache_bytes: int
+    flops: int
+    context: int  # tokens cached before the step
+    batch: int  # sequences, one new token each
+
+    @property
+    def bytes_read(self) -> int:
+        return self.weight_bytes + self.kv_cache_bytes
+
+    @classmethod
+    def of(cls, step: PerGpu) -> DecodeRead:
+        """From a captured decode step: its live bytes by category at the end of the forward (the cache holds the
+        N + 1 tokens by then, and nothing but the weights and the cache is read whole)."""
+        at = step.live[step.timeline.end_of_forward]
+        return cls(weight_bytes=int(at[CATEGORIES.index("weights")]),
+                   kv_cache_bytes=int(at[CATEGORIES.index("kv_cache")]), flops=step.workload.flops_per_step,
+                   context=step.setup.context or 0, batch=step.setup.micro_batch)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenFloor:
+    seconds: float  # one decode step: every sequence gets one token
+    bound: str  # "memory" or "compute"
+    basis: str
+
+
+def roofline(*, bytes_read: float, flops: float, bytes_per_s: float, flops_per_s: float | None) -> tuple[float, str]:
+    """THE decode-step decision, for the plan's floor and the serving estimate alike: the bytes the step reads at
+    the bandwidth, or its FLOPs at the matmul rate, whichever takes longer."""
+    memory_s = bytes_read / bytes_per_s
+    compute_s = flops / flops_per_s if flops_per_s else 0.0
+    return max(memory_s, compute_s), "compute" if compute_s > memory_s else "memory"
+
+
+def decode_floor(acc: Accelerator, read: DecodeRead, *, calibration: Calibration | None = None) -> TokenFloor | None:
+    """The per-token latency floor of a captured decode step on ``acc``: bytes read / bandwidth or FLOPs / the 16-bit
+    peak, whichever is larger, at the datasheet's figures (or gpuwise bench --calibrate's). None: no bandwidth."""
+    gbps = (calibration.gbps if calibration is not None else None) or acc.memory_bandwidth_gbps
+    if not gbps:
+        return None
+    key, tflops, measured = _rate(acc, calibration)
+    seconds, bound = roofline(bytes_read=read.bytes_read, flops=read.flops, bytes_per_s=gbps * 1e9,
+                              flops_per_s=tflops * 1e12 if tflops else None)
+    basis = (f"{read.bytes_read / 2**30:.2f} GiB read ({read.weight_bytes / 2**30:.2f} weights + "
+             f"{read.kv_cache_bytes / 2**30:.2f} KV cache) / {gbps:g} GB/s"
+             f"{' measured' if calibration is not None and calibration.gbps else ''}")
+    if tflops:
+        basis += f" · {read.flops:.3g} FLOPs / {key} {tflops:g} TFLOPS{' measured' if measured else ''}"
+    return TokenFloor(seconds=seconds, bound=bound, basis=basis)
 
 
 def bytes_per_weight(quant: str) -> float:
@@ -131,16 +197,16 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     mm: Efficiency = efficiency("matmul", acc)
     eta_c = min(1.0, mm.value / GEMM_CEILING) if measured else mm.value
     active_weights = weights * active / params
-    mem_s = (active_weights + batch * kv * context) / (eta_bw * gbps * 1e9)
     attn_dim = (heads or kv_heads) * head_dim
-    compute_s = 0.0
     prefill_s = 0.0
-    if tflops:
-        rate = eta_c * tflops * 1e12
-        compute_s = (2 * active * batch + 4 * layers * attn_dim * context * batch) / rate
+    rate = eta_c * tflops * 1e12 if tflops else None
+    if rate:
         # prefill: 2 N per token plus causal attention, 2 x layers x d x P^2; never faster than reading the weights
         prefill_s = (2 * active * prompt_tokens + 2 * layers * attn_dim * prompt_tokens ** 2) / rate
-    step = max(mem_s, compute_s) + fit.fixed_s
+    roof, bound = roofline(bytes_read=active_weights + batch * kv * context,
+                           flops=2 * active * batch + 4 * layers * attn_dim * context * batch,
+                           bytes_per_s=eta_bw * gbps * 1e9, flops_per_s=rate)
+    step = roof + fit.fixed_s
     ttft = max(prefill_s, active_weights / (eta_bw * gbps * 1e9)) + fit.fixed_s + step if prompt_tokens else step
     basis = (f"{cls} {gbps:g} GB/s {'measured' if measured_bw else 'datasheet'} x{eta_bw:.2f} "
              f"+ {fit.fixed_s * 1e3:.1f} ms/token ({fit.source}); weights {active_weights / 2**30:.2f} GiB read "
@@ -148,4 +214,4 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     if tflops:
         basis += f" · {key} {tflops:g} TFLOPS x{eta_c:.2f} ({mm.source})"
     return DecodeTime(seconds_per_token=step, tokens_per_s_per_user=1 / step, tokens_per_s=batch / step, ttft_s=ttft,
-                      bound="compute" if compute_s > mem_s else "memory", basis=basis)
+                      bound=bound, basis=basis)

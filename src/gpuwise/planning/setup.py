@@ -10,12 +10,15 @@ import torch
 from gpuwise.errors import GpuwiseError
 from gpuwise.precision import PRECISIONS, Precision, PrecisionSpec
 
-Task = Literal["train", "finetune-lora", "infer"]
+Task = Literal["train", "finetune-lora", "infer", "decode"]  # decode: one generation step over a filled KV cache
 Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # planning/optimizers.py
 Checkpointing = Literal["none", "full", "selective"]  # selective: torchtitan's op-level policy (transforms.py)
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
 QLoRARecipe = Literal["peft", "plain"]
+# weight-only formats of inference (planning/quantize.py: storage as the libraries lay it out); bf16 and fp16 hold the
+# weights as the step computes (the default)
+Weights = Literal["bf16", "fp16", "fp8", "int8", "int4", "nf4"]
 Loss = Literal["standard", "chunked", "fused"]  # gpuwise.models.loss
 
 MAX_BATCH = 1 << 20
@@ -66,6 +69,10 @@ class Setup:
     # a decoder LM's training loss: logits up-cast whole (transformers), torchtune's chunked cross-entropy, or a
     # fused linear + cross-entropy as Liger runs it (gpuwise.models.loss)
     loss: Loss = "standard"
+    # --task decode: tokens already in each sequence's KV cache; the step feeds one more (None: the model's default
+    # sequence length)
+    context: int | None = None
+    weights: Weights | None = None  # inference: the blocks' linear layers quantised (quantize.py); None: as computed
 
     def __post_init__(self) -> None:
         _choice("task", self.task, Task)
@@ -84,15 +91,16 @@ class Setup:
         _positive("grad_accum", self.grad_accum, MAX_ACCUM)
         _positive("gpus", self.gpus, 1 << 16)
         _positive("lora_rank", self.lora_rank, 1 << 14)
+        self._check_inference()
         if self.qlora and self.task != "finetune-lora":
             raise GpuwiseError("--qlora quantises the frozen base of a LoRA fine-tune", "add --task finetune-lora")
         self._check_lora()
-        if self.task == "infer":
+        if not self.training:
             for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
                               (f"--checkpointing {self.checkpointing}", self.checkpointing != "none"),
                               ("--sharding", self.sharding != "ddp"), ("--gpus", self.gpus != 1)):
                 if bad:
-                    raise GpuwiseError(f"{flag} has no meaning for --task infer",
+                    raise GpuwiseError(f"{flag} has no meaning for --task {self.task}",
                                        f"drop {flag.split()[0]}, or plan --task train")
         if self.optimizer_in_backward:
             if not self.training:
@@ -109,6 +117,35 @@ class Setup:
         if self.sharding != "ddp" and self.gpus == 1:
             raise GpuwiseError(f"--sharding {self.sharding} shards over GPUs but --gpus is 1",
                                "add --gpus N with N > 1")
+
+    def _check_inference(self) -> None:
+        """--context and --weights: a decode step's cache, and weight-only quantisation, for inference only."""
+        _positive("context", self.context, 1 << 24)
+        if self.context is not None and self.task != "decode":
+            raise GpuwiseError(f"--context is the KV cache of a decode step, not of --task {self.task}",
+                               "add --task decode, or drop --context (--seq sizes the other tasks)")
+        if self.task == "decode" and self.seq is not None:
+            raise GpuwiseError("--seq has no meaning for --task decode: the step feeds one token per sequence",
+                               f"pass --context {self.seq} (the tokens already in the KV cache)")
+        if self.weights is None:
+            return
+        if self.weights == "q4_k_m":
+            raise GpuwiseError("--weights q4_k_m (llama.cpp) is ranked by gpuwise recommend --serve, not simulated",
+                               "pass --weights int4 (AWQ/GPTQ) or nf4 (bitsandbytes)")
+        _choice("weights", self.weights, Weights)
+        if self.training:
+            raise GpuwiseError(f"--weights {self.weights} quantises an inference model, not --task {self.task}",
+                               "plan --task infer or --task decode, or for a 4-bit fine-tune --task finetune-lora "
+                               "--qlora")
+        sixteen = {"bf16": torch.bfloat16, "fp16": torch.float16}
+        if self.weights in sixteen and sixteen[self.weights] != self.compute_dtype:
+            raise GpuwiseError(f"--weights {self.weights} is not how --precision {self.precision} computes",
+                               f"pass --precision {self.weights}, or drop --weights")
+
+    @property
+    def quantized(self) -> bool:
+        """Weight-only quantisation: the blocks' linear layers stored in fewer bits than the step computes in."""
+        return self.weights not in (None, "bf16", "fp16")
 
     def _check_lora(self) -> None:
         _choice("qlora_recipe", self.qlora_recipe, QLoRARecipe)
@@ -132,7 +169,7 @@ class Setup:
 
     @property
     def training(self) -> bool:
-        return self.task != "infer"
+        return self.task not in ("infer", "decode")
 
     @property
     def spec(self) -> PrecisionSpec:
@@ -215,6 +252,10 @@ class Setup:
             if self.qlora:
                 lora += " (PEFT: fp32 outside the 4-bit layers)" if self.qlora_recipe == "peft" else " (plain)"
             parts.append(lora)
+        if self.task == "decode":
+            parts.append(f"{self.context:,} tokens cached" if self.context is not None else "default context cached")
+        if self.quantized:
+            parts.append(f"{self.weights} weights")
         if self.gpus > 1:
             parts.append(f"{self.gpus} GPUs {self.sharding}")
         if self.loss != "standard":

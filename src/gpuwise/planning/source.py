@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import json
 import sys
 import warnings
@@ -47,6 +48,9 @@ class Built:
     kv_cache_shape: tuple[int, ...] | None = None  # per block, for decoder inference
     # the KV cache a model allocates itself while it runs (transformers' cache classes): its tensors in the output
     cache_tensors: Callable[[Any], list[torch.Tensor]] | None = None
+    # --task decode: the cache a step starts from (transformers' DynamicCache), asked for when the step starts: the
+    # Built holds no reference, so the tensors a DynamicCache replaces while it runs are freed as on the GPU
+    kv_filled: Callable[[], list[torch.Tensor]] | None = None
 
 
 def _scalar_loss(out: Any) -> torch.Tensor:
@@ -90,6 +94,8 @@ class ZooSource:
 
     def check(self, setup: Setup) -> None:
         z = self.zoo
+        if setup.task == "decode":
+            _check_decode(z.name, self.decoder is not None, self.context(setup), z.max_seq)
         if setup.attention != "sdpa" and not hasattr(z.config, "attn_impl"):
             raise GpuwiseError(f"--attention {setup.attention} applies to the GPT and Llama models, not {z.name}",
                                "drop --attention")
@@ -113,8 +119,15 @@ class ZooSource:
                                "pass --image-size 32 or more")
 
     def tokens(self, setup: Setup) -> int:
-        """Tokens (or images, or samples) per micro-batch element."""
+        """Tokens (or images, or samples) per micro-batch element; a decode step feeds one token per sequence."""
+        if setup.task == "decode":
+            return 1
         return (setup.seq or self.zoo.default_seq) if self.zoo.inputs == "tokens" else 1
+
+    def context(self, setup: Setup) -> int:
+        """--task decode: the tokens already cached (default: the model's default sequence, within its positions)."""
+        default = self.zoo.default_seq or 1
+        return setup.context or (min(default, self.zoo.max_seq - 1) if self.zoo.max_seq else default)
 
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
         z = self.zoo
@@ -123,15 +136,20 @@ class ZooSource:
         if setup.loss != "standard":
             z = replace(z, config=replace(z.config, loss=setup.loss))
         model = z.instantiate(n_layer)
-        inputs, targets = z.make_inputs(batch, seq=setup.seq, image_size=setup.image_size, dtype=setup.input_dtype)
-        kv = None
-        if not setup.training and z.family == "decoder":
+        decode = setup.task == "decode"
+        seq = 1 if decode else setup.seq
+        inputs, targets = z.make_inputs(batch, seq=seq, image_size=setup.image_size, dtype=setup.input_dtype)
+        kv, pos = None, 0
+        if decode:  # a static cache (gpt-fast's): room for the N tokens cached and the one this step adds
+            pos = self.context(setup)
+            kv = model.kv_cache_shape(batch, pos + 1)
+        elif not setup.training and z.family == "decoder":
             kv = model.kv_cache_shape(batch, setup.seq or z.default_seq)
 
         def run(model, inputs, targets, kv_cache):
             if targets is not None:
                 return model(*inputs, targets)
-            return model(*inputs, kv_cache=kv_cache) if kv_cache is not None else model(*inputs)
+            return model(*inputs, kv_cache=kv_cache, pos=pos) if kv_cache is not None else model(*inputs)
 
         return Built(model=model, inputs=inputs, targets=targets if setup.training else None, run=run,
                      kv_cache_shape=kv)
@@ -307,6 +325,9 @@ class HFSource:
         if setup.loss != "standard" and not self.causal_lm:
             arch = (self.config.get("architectures") or [self.config["model_type"]])[0]
             raise GpuwiseError(f"--loss {setup.loss} applies to causal language models, not {arch}", "drop --loss")
+        if setup.task == "decode":
+            _check_decode(self.name, self.causal_lm and self.decoder is not None, self.context(setup),
+                          self.max_positions)
         if setup.image_size is not None:
             raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
         if setup.seq is not None and self.max_positions is not None and setup.seq > self.max_positions:
@@ -314,7 +335,14 @@ class HFSource:
                                f"pass --seq {self.max_positions} or less")
 
     def tokens(self, setup: Setup) -> int:
+        if setup.task == "decode":
+            return 1
         return setup.seq or min(2048, self.max_positions or 2048)
+
+    def context(self, setup: Setup) -> int:
+        """--task decode: the tokens already cached (default: the prefill's default sequence)."""
+        default = min(2048, self.max_positions or 2048)
+        return setup.context or (min(default, self.max_positions - 1) if self.max_positions else default)
 
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
         try:
@@ -343,6 +371,7 @@ class HFSource:
             raise GpuwiseError(f"transformers could not build {self.path}: {first_line(error)}",
                                "check model_type and the fields of config.json") from error
         seq = self.tokens(setup)
+        decode = setup.task == "decode"
         vocab = int(getattr(config, "vocab_size", 32000))
         ids = torch.randint(vocab, (batch, seq))
         name = type(model).__name__
@@ -358,6 +387,14 @@ class HFSource:
         # (B, kv_heads, T, head_dim) for the T tokens given), as generate() does in its prefill.
         key = (json.dumps(cfg_dict, sort_keys=True, default=str), type(model).__name__)
         cached = not setup.training and self.causal_lm and _cache_runs(model, key)
+        filled = None
+        if decode:
+            if not cached:
+                raise GpuwiseError(f"{name} runs no KV cache in transformers {transformers.__version__}, so it has "
+                                   "no decode step to plan", "plan --task infer")
+            filled = _filled_cache(model, batch, self.context(setup))
+            # transformers 5 names the argument cache (past_key_values before, deprecated since)
+            cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         outside = setup.training and setup.loss != "standard"  # the loss computed outside the model
         if outside and (not isinstance(model.get_output_embeddings(), nn.Linear)
                         or getattr(model, "base_model", model) is model):
@@ -366,6 +403,8 @@ class HFSource:
 
         def run(model, inputs, targets, kv_cache):
             kwargs = {"use_cache": cached} if getattr(model.config, "use_cache", None) is not None else {}
+            if filled is not None:  # one token per sequence after the N in the cache, as generate()'s later steps
+                kwargs |= {"use_cache": True, cache_kw: filled}
             with _real_masks():
                 if outside and targets is not None:
                     # Liger and torchtune take the loss out of the model: the last hidden state and the LM head
@@ -381,7 +420,8 @@ class HFSource:
             return out.loss if targets is not None else _scalar_loss(getattr(out, "last_hidden_state", out))
 
         return Built(model=model, inputs=(ids,), targets=labels if setup.training else None, run=run,
-                     cache_tensors=_cache_tensors if cached else None)
+                     cache_tensors=_cache_tensors if cached else None,
+                     kv_filled=(lambda: _cache_parts(filled)) if filled is not None else None)
 
 
 _CACHE_RUNS: dict[tuple[str, str], bool] = {}
@@ -404,14 +444,48 @@ def _cache_runs(model: nn.Module, key: tuple[str, str]) -> bool:
     return hit
 
 
+def _check_decode(name: str, decoder: bool, context: int, positions: int | None) -> None:
+    """--task decode: a decoder language model, with room for the cached tokens and the new one."""
+    if not decoder:
+        raise GpuwiseError(f"--task decode generates tokens with a decoder language model; {name} is not one",
+                           "plan --task infer")
+    if positions is not None and context + 1 > positions:
+        raise GpuwiseError(f"--context {context} plus the token the step adds is more than {name}'s {positions} "
+                           "positions", f"pass --context {positions - 1} or less")
+
+
+def _filled_cache(model: nn.Module, batch: int, context: int):
+    """transformers' DynamicCache holding ``context`` tokens per sequence, as generate() leaves it after the prefill:
+    each layer's K and V shaped as the model makes them (a probe of one token tells), filled through the cache's
+    own ``update`` (a sliding-window layer keeps its window only)."""
+    from transformers import DynamicCache
+
+    with torch.no_grad(), _real_masks(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=True)
+    layers = getattr(getattr(probe, "past_key_values", None), "layers", None)
+    if layers is None:
+        raise GpuwiseError(f"{type(model).__name__}'s cache is not a transformers DynamicCache",
+                           "plan --task infer")
+    cache = DynamicCache(config=model.config)
+    for i, layer in enumerate(layers):
+        k, v = layer.keys, layer.values
+        cache.update(k.new_empty((batch, *k.shape[1:-2], context, k.shape[-1])),
+                     v.new_empty((batch, *v.shape[1:-2], context, v.shape[-1])), i)
+    return cache
+
+
 def _cache_tensors(out: Any) -> list[torch.Tensor]:
     """The key and value tensors of the cache in a transformers output (``cache`` from 5.x on, else
     ``past_key_values``): a Cache with ``layers`` (5.x), ``key_cache``/``value_cache`` lists (4.x), or tuples."""
     cache = getattr(out, "cache", None)
     if cache is None:
         cache = getattr(out, "past_key_values", None)
-    if cache is None:
-        return []
+    return [] if cache is None else _cache_parts(cache)
+
+
+def _cache_parts(cache: Any) -> list[torch.Tensor]:
+    """The key and value tensors a transformers cache holds."""
     if hasattr(cache, "layers"):
         parts = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
     elif hasattr(cache, "key_cache"):

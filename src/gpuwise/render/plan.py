@@ -36,18 +36,21 @@ _FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
 
 def render_plan(plan: MemoryPlan, console: Console) -> None:
     s = plan.setup
-    unit = "token" if plan.tokens_per_step > s.micro_batch * s.grad_accum else "sample"  # per GPU, both
+    per_sample = plan.tokens_per_step > s.micro_batch * s.grad_accum or s.task == "decode"
+    unit = "token" if per_sample else "sample"  # per GPU, both
     console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
                   f"{unit}{'s' if plan.tokens_per_step != 1 else ''}{' per GPU' if s.gpus > 1 else ''} per step")
     head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
     head.add_column(style="bold", no_wrap=True)
     head.add_column(overflow="fold")
-    trainable = f" ({_count(plan.trainable_params)} trainable)" if plan.trainable_params != plan.params else ""
+    trainable = f" ({_count(plan.trainable_params)} trainable)" if s.training and plan.trainable_params != plan.params \
+        else ""
     head.add_row("parameters", f"{_count(plan.params)}{trainable}")
     per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
     head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
                  f"{human_bytes(plan.overhead_bytes)} CUDA context and workspaces")
+    _decode_rows(plan, head)
     if plan.paged_bytes:
         head.add_row("paged", f"{human_bytes(plan.paged_bytes)} of optimizer state is paged: it can spill to host "
                      "memory (slower steps), so the fit counts the rest")
@@ -81,7 +84,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     fits = Table(title=f"fit (needs = peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
                  padding=(0, 1), pad_edge=False)
     for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
-                         ("fits", "left"), ("max micro-\nbatch", "right"), ("step ≥", "right")):
+                         ("fits", "left"), ("max micro-\nbatch", "right"),
+                         ("token ≥" if plan.decode else "step ≥", "right")):
         # numbers are never cut: a narrow terminal (or a pipe, 80 columns) folds the GPU's name instead
         fits.add_column(col, justify=justify, no_wrap=col != "gpu", overflow="fold")
     for f in plan.gpus:
@@ -92,7 +96,11 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     console.print(fits)
     measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
     rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
-    console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
+    if plan.decode:
+        console.print(f"token ≥: one decode step's floor, max(bytes read / bandwidth, FLOPs / 16-bit peak), at the "
+                      f"{rates}datasheet's figures; llama.cpp and vLLM reach 50-95% of the bandwidth")
+    else:
+        console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
     if plan.remedies:
         rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
                           "(LoRA from the one-GPU step); flags: all to add to your command",
@@ -109,7 +117,20 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
             console.print(f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
         else:
             console.print(f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than "
-                          "it has (tensor parallelism and weight quantisation are not planned yet)")
+                          "it has" + ("" if s.quantized else " (try --weights int8, int4 or nf4)"))
+
+
+def _decode_rows(plan: MemoryPlan, head: Table) -> None:
+    """--task decode and --weights: what one step reads, and how the weights are stored."""
+    s, d = plan.setup, plan.decode
+    if s.quantized:
+        head.add_row("weights", f"{s.weights} in the blocks' linear layers (planning/quantize.py); embeddings, norms "
+                     "and head 16-bit")
+    if d is not None:
+        seqs = f"{d.batch} sequences" if d.batch > 1 else "1 sequence"
+        head.add_row("decode", f"{seqs} x {d.context:,} cached tokens, one more each: a step reads "
+                     f"{human_bytes(d.weight_bytes)} of weights + {human_bytes(d.kv_cache_bytes)} of KV cache and "
+                     f"does {d.flops:.3g} FLOPs")
 
 
 def render_models(models: list[ZooModel], console: Console) -> None:

@@ -1,0 +1,156 @@
+"""``gpuwise plan --task decode --context N`` and ``--weights int8|int4|nf4|fp8``: one generation step over a filled KV
+cache, weight-only quantised inference, and the per-token latency floor, each against a hand-derived figure."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from conftest import run_cli
+from gpuwise.hardware.catalog import load_catalog
+from gpuwise.planning import Setup, plan_model
+from gpuwise.planning.quantize import FORMATS
+from gpuwise.planning.serving import WEIGHT_BYTES, decode_time
+from test_loss import LLAMA_2_7B, _config
+
+run = run_cli
+
+# Llama-2-7B from its published config.json (meta-llama/Llama-2-7b-hf): 32 layers, hidden 4096, MLP 11008, 32 heads
+# and 32 KV heads of 128, vocabulary 32000, untied head. Per block the linear layers hold q,k,v,o 4 x 4096^2 and the
+# SwiGLU MLP 3 x 4096 x 11008 weights; outside them the embedding and head (32000 x 4096 each) and the RMSNorm gains.
+L7, D7, F7, V7 = 32, 4096, 11008, 32000
+LINEAR_7B = L7 * (4 * D7 * D7 + 3 * D7 * F7)  # 6,476,005,376
+OTHER_7B = 2 * V7 * D7 + (2 * L7 + 1) * D7  # 262,410,240, kept in 16 bits by bitsandbytes and AWQ
+ROWS_7B = L7 * (4 * D7 + 3 * F7 - F7 + D7)  # output rows of the linear layers: q,k,v,o,down 4096, gate,up 11008
+
+
+@functools.cache
+def _zoo(model: str, **setup) -> object:
+    return plan_model(model, Setup(**setup), gpu="rtx-4090")
+
+
+def kv_bytes(layers: int, kv_heads: int, head_dim: int, tokens: int, batch: int) -> int:
+    """K and V, 16-bit, of every layer for every token of every sequence (PagedAttention §3.1)."""
+    return 2 * layers * kv_heads * head_dim * tokens * batch * 2
+
+
+@pytest.mark.parametrize(("model", "kv_heads", "context", "batch"), [("llama2-7b", 32, 4095, 1),
+                                                                      ("llama3-8b", 8, 8191, 2)])
+def test_the_kv_cache_holds_the_context_and_the_new_token(model, kv_heads, context, batch):
+    """Llama-2-7B (32 KV heads) and Llama-3-8B (8, grouped-query; meta-llama/Meta-Llama-3-8B config.json): 32 layers,
+    head dim 128. The step reads and holds 2 x layers x kv_heads x head_dim x (N + 1) x batch x 2 bytes."""
+    p = _zoo(model, task="decode", context=context, micro_batch=batch, precision="bf16")
+    expected = kv_bytes(32, kv_heads, 128, context + 1, batch)
+    assert p.decode.kv_cache_bytes == expected == p.breakdown["kv_cache"]
+    assert p.tokens_per_step == batch and p.trainable_params == 0
+    assert p.setup.context == context and f"{context:,} tokens cached" in p.setup.describe()
+
+
+def test_decode_flops_are_the_matmuls_and_attention_over_the_cache():
+    """GPT-2 (124M): 2 FLOPs per matmul weight per new token (the blocks' 84,934,656 and the tied head's 38,597,376)
+    plus QK^T and PV over the N + 1 cached tokens, 4 x layers x 768 x (N + 1) per sequence (Kaplan et al. 2020)."""
+    p = _zoo("gpt2", task="decode", context=256, micro_batch=2)
+    assert p.flops_per_step == 2 * (84_934_656 + 38_597_376) * 2 + 4 * 12 * 768 * 257 * 2
+
+
+def test_nf4_weights_as_bitsandbytes_stores_them():
+    """bitsandbytes Linear4bit NF4 with double quantisation (QLoRA §2): 4 bits a weight, an 8-bit absmax per block of
+    64, an fp32 constant per 256 absmax; the embedding, head and norms stay 16-bit (get_keys_to_not_convert).
+    About 3.87 GB for Llama-2-7B, the ~3.9 GB people see for a 7B model loaded in 4 bits."""
+    p = _zoo("llama2-7b", task="decode", context=1023, precision="bf16", weights="nf4")
+    expected = LINEAR_7B * (0.5 + 1 / 64 + 4 / (64 * 256)) + 2 * OTHER_7B
+    assert p.decode.weight_bytes == pytest.approx(expected, rel=1e-3)
+    assert 3.8e9 < p.decode.weight_bytes < 3.9e9
+    assert FORMATS["nf4"].bytes_per_weight() * 8 == pytest.approx(4.127, abs=1e-3)  # QLoRA §2: 4.127 bits
+
+
+def test_int8_weights_as_llm_int8_stores_them():
+    """bitsandbytes Linear8bitLt (LLM.int8, Dettmers et al. 2022): one int8 per weight (CB) and one fp32 absmax per
+    output row (SCB); the rest 16-bit. Its matmul never makes a 16-bit copy of the weight."""
+    p = _zoo("llama2-7b", task="decode", context=1023, precision="bf16", weights="int8")
+    expected = LINEAR_7B + 4 * ROWS_7B + 2 * OTHER_7B  # 7,006,265,344
+    assert p.decode.weight_bytes == pytest.approx(expected, rel=1e-4)
+    assert p.breakdown["temporaries"] < 1 << 20  # no dequantised weight at batch 1
+
+
+def test_the_weight_table_is_the_simulated_storage():
+    """serving.WEIGHT_BYTES (recommend --serve) takes the simulated formats from quantize.FORMATS: one table. AWQ's
+    int4 at group 128: 0.5 B + an fp16 scale and a 4-bit zero per 128 weights (AutoAWQ WQLinear_GEMM)."""
+    assert WEIGHT_BYTES["int4"] == pytest.approx(0.5 + 2 / 128 + 0.5 / 128)
+    assert all(WEIGHT_BYTES[k] == f.bytes_per_weight() for k, f in FORMATS.items())
+
+
+def test_the_latency_floor_is_bytes_read_over_bandwidth():
+    """Llama-2-7B in bf16, one sequence at 4,095 cached tokens, on an RTX 4090 (1,008 GB/s, NVIDIA Ada whitepaper):
+    the step reads 2 x 6,738,415,616 weight bytes and a 2 GiB cache: 15.50 ms a token, memory-bound (its 13.5 GFLOPs
+    take 0.08 ms at 165 TFLOPS). serving.decode_time's estimate of the same step, with achieved bandwidth and fixed
+    costs, is slower than this floor."""
+    acc = load_catalog().get("rtx-4090")
+    assert acc.memory_bandwidth_gbps == 1008
+    p = _zoo("llama2-7b", task="decode", context=4095, precision="bf16")
+    read = 2 * (LINEAR_7B + OTHER_7B) + kv_bytes(32, 32, 128, 4096, 1)
+    (fit,) = p.gpus
+    assert fit.token_floor_s == pytest.approx(read / 1008e9, rel=1e-3) == fit.step_time_s
+    assert fit.token_floor_s == pytest.approx(15.50e-3, rel=2e-3)
+    est = decode_time(acc, params=LINEAR_7B + OTHER_7B, layers=32, kv_heads=32, head_dim=128, context=4096)
+    assert est.seconds_per_token > fit.token_floor_s and est.bound == "memory"
+
+
+def test_hf_config_and_zoo_agree_on_decode(tmp_path):
+    """transformers' LlamaForCausalLM from Llama-2-7B's config.json, its own DynamicCache filled with N tokens, against
+    the zoo's Llama with a static cache: within 3% on the peak (the DynamicCache's concatenation briefly holds one
+    layer twice), the same weights and the same cache read."""
+    pytest.importorskip("transformers")
+    config = _config(tmp_path, LLAMA_2_7B)
+    setup = Setup(task="decode", context=2047, micro_batch=2, precision="bf16", weights="int4")
+    zoo = _zoo("llama2-7b", task="decode", context=2047, micro_batch=2, precision="bf16", weights="int4")
+    hf = plan_model(None, setup, hf_config=config, gpu="rtx-4090")
+    assert hf.peak_bytes == pytest.approx(zoo.peak_bytes, rel=0.03)
+    assert hf.decode.kv_cache_bytes == zoo.decode.kv_cache_bytes == kv_bytes(32, 32, 128, 2048, 2)
+    assert hf.decode.weight_bytes == pytest.approx(zoo.decode.weight_bytes, rel=1e-3)
+    assert hf.trainable_params == 0 and hf.tokens_per_step == 2
+
+
+def test_inference_trains_nothing():
+    assert _zoo("gpt2", task="infer", seq=64).trainable_params == 0
+
+
+def test_decode_json_carries_the_new_fields(capsys):
+    code, out, err = run(capsys, "plan", "--model", "gpt2", "--task", "decode", "--context", "100", "--batch", "2",
+                         "--weights", "int8", "--gpu", "rtx-4090", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["setup"]["context"] == 100 and data["setup"]["weights"] == "int8" and data["trainable_params"] == 0
+    d = data["decode"]
+    assert d["kv_cache_bytes"] == kv_bytes(12, 12, 64, 101, 2) and d["weight_bytes"] > 0
+    (fit,) = data["gpus"]
+    assert fit["token_floor_s"] == pytest.approx((d["weight_bytes"] + d["kv_cache_bytes"]) / 1008e9, rel=1e-3)
+    code, out, err = run(capsys, "plan", "--model", "gpt2", "--task", "decode", "--context", "100", "--gpu",
+                         "rtx-4090")
+    assert code == 0, err
+    assert "token ≥" in out and "100 cached tokens" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--model", "vit-b16", "--task", "decode"],
+    ["plan", "--model", "bert-base", "--task", "decode", "--context", "64"],
+    ["plan", "--model", "gpt2", "--weights", "nf4"],
+    ["plan", "--model", "gpt2", "--task", "finetune-lora", "--weights", "int4"],
+    ["plan", "--model", "gpt2", "--context", "64"],
+    ["plan", "--model", "gpt2", "--task", "infer", "--context", "64"],
+    ["plan", "--model", "gpt2", "--task", "decode", "--context", "0"],
+    ["plan", "--model", "gpt2", "--task", "decode", "--context", "1024"],
+    ["plan", "--model", "gpt2", "--task", "decode", "--seq", "64"],
+    ["plan", "--model", "gpt2", "--task", "infer", "--weights", "int3"],
+    ["plan", "--model", "gpt2", "--task", "infer", "--weights", "fp16"],
+    ["train", "--task", "decode"],
+    ["train", "--weights", "nf4"],
+    ["recommend", "--model", "gpt2", "--task", "decode"],
+    ["recommend", "--model", "gpt2", "--tokens", "1e9", "--weights", "int4"],
+])
+def test_bad_combinations_are_one_line_and_exit_2(capsys, args):
+    code, out, err = run(capsys, *args)
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "hint" in err and "Traceback" not in err
