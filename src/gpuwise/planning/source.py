@@ -463,7 +463,8 @@ def _filled_cache(model: nn.Module, batch: int, context: int):
     with torch.no_grad(), _real_masks(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         probe = model(input_ids=torch.zeros(1, 1, dtype=torch.long), use_cache=True)
-    layers = getattr(getattr(probe, "past_key_values", None), "layers", None)
+    out = getattr(probe, "cache", None)  # transformers 5 (past_key_values before: reading it warns in 5)
+    layers = getattr(out if out is not None else getattr(probe, "past_key_values", None), "layers", None)
     if layers is None:
         raise GpuwiseError(f"{type(model).__name__}'s cache is not a transformers DynamicCache",
                            "plan --task infer")
