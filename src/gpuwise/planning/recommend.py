@@ -572,7 +572,11 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
         if limit is not None and traffic.context > limit:
             raise GpuwiseError(f"--prompt-tokens + --output-tokens = {traffic.context} is more than {source.name}'s "
                                f"{limit} positions", f"keep the two under {limit + 1}")
-        setup = Setup(task="infer", micro_batch=1, seq=traffic.prompt_tokens, precision="bf16")
+        # the formats plan simulates are captured as stored (quantize.py: embeddings and head stay 16-bit)
+        from gpuwise.planning.quantize import FORMATS
+
+        setup = Setup(task="infer", micro_batch=1, seq=traffic.prompt_tokens, precision="bf16",
+                      weights=traffic.weights if traffic.weights in FORMATS else None)
         try:
             step = planner.per_gpu(setup)
         except NotApplicable as exc:
@@ -644,6 +648,8 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
 
     params = step.workload.params
     weights = params * bytes_per_weight(traffic.weights)
+    if step.setup.quantized:  # as captured: the quantised layers and the 16-bit rest, the figure plan shows
+        weights = float(step.live[:, CATEGORIES.index("weights")].max())
     live = step.live[int(step.live.sum(axis=1).argmax())]
     activations = float(live.sum() - live[CATEGORIES.index("weights")] - live[CATEGORIES.index("kv_cache")])
     mean_context = traffic.prompt_tokens + traffic.output_tokens // 2
