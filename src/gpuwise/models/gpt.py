@@ -36,13 +36,13 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None = None, pos: int = 0
                 ) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
+        b, t, _ = x.shape
+        q, k, v = self.c_attn(x).chunk(3, dim=2)  # (B, T, 3C) as one linear, or one tensor-parallel rank's heads
+        q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
         if cache is not None:  # prefill: keep K and V for the tokens to come; decode: add one and read them all
             k, v = cached_kv(cache, k, v, pos)
         y = causal_attention(q, k, v, self.attn_impl, causal=pos == 0)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):

@@ -32,6 +32,7 @@ from torch import nn
 from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, FakeTensorMode, tree_leaves
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
+from gpuwise.planning import parallel
 from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.quantize import quantize_weights
@@ -221,6 +222,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         # early stop raises through whatever modes are active during recomputation.
         with default_dtype(build_dtype), torch.device(device):
             built: Built = source.build(setup, batch, n_layer)
+            built = parallel.rank_step(built, setup)  # one GPU's slice under --tp/--pp (planning/parallel.py)
         model = built.model
         params = sum(p.numel() for p in model.parameters())
         blocks = find_blocks(model)

@@ -224,7 +224,7 @@ def comm_bytes(step: PerGpu) -> tuple[float, float]:
     the 16-bit parameters in forward and again in backward on every micro-batch and reduce-scatters the
     gradients (fp32 under mixed precision, training/parallelize.py) once per step: 1.5x DDP in one dtype."""
     s = step.setup
-    n = s.gpus
+    n = s.dp  # the data-parallel group; tensor and pipeline-parallel traffic is not timed (planning/parallel.py)
     if n == 1 or not s.training:
         return 0.0, 0.0
     w = step.workload
@@ -278,10 +278,13 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     flops, nbytes = c.flops, c.bytes
     if int8:
         nbytes = nbytes / s.compute_dtype.itemsize
-    if s.training and s.gpus > 1 and s.sharding != "ddp":  # each GPU steps its shard, in fp32 under mixed precision
+    opt = c.phase == PHASES.index("optimizer")
+    if s.training and s.offload != "none":  # the step runs on the host (its time there is not modelled)
+        flops, nbytes = np.where(opt, 0, flops), np.where(opt, 0, nbytes)
+    elif s.training and s.shard_gpus > 1 and s.sharding != "ddp":  # each GPU steps its shard, fp32 under mixed
         widen = 4 / s.compute_dtype.itemsize if s.mixed else 1.0
-        opt = c.phase == PHASES.index("optimizer")
-        flops, nbytes = np.where(opt, flops * widen / s.gpus, flops), np.where(opt, nbytes * widen / s.gpus, nbytes)
+        n = s.shard_gpus
+        flops, nbytes = np.where(opt, flops * widen / n, flops), np.where(opt, nbytes * widen / n, nbytes)
     eta = np.where(c.kind == ATTENTION, at, mm)
     t_compute = flops / (eta * tflops * 1e12)
     t_memory = np.zeros_like(nbytes) if on_chip else nbytes / (mem * gbps * 1e9)
@@ -302,6 +305,9 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
         window = float((times.max(axis=0) * c.count)[np.isin(c.phase, phases)].sum())
         exposed = max(comm_s - OVERLAP * window, tail / (link.busbw_gbps * 1e9))
     seconds = compute_s + memory_s + launch_s + exposed
+    # 1F1B: each stage idles (pp - 1) of the (m + pp - 1) slots of a step (Narayanan et al. 2021, sec. 2.2)
+    bubble = (s.pp - 1) / (s.grad_accum + s.pp - 1)
+    seconds /= 1 - bubble
     peak = datasheet or tflops
     if measured:
         rate = f"{key} {tflops:g} TFLOPS measured (gpuwise bench --calibrate)"
@@ -317,6 +323,10 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     if link is not None:
         parts.append(f"{s.sharding} over {s.gpus}: {link.source}, {OVERLAP:.0%} of "
                      f"{'forward+backward' if s.sharding == 'fsdp' else 'backward'} hides it (assumed)")
+    if bubble:
+        parts.append(f"pipeline bubble {bubble:.0%} ((pp - 1) / (micro-batches + pp - 1), 1F1B)")
+    if s.offload != "none":
+        parts.append("optimizer step on the host: not timed")
     return StepTime(seconds=seconds, compute_s=compute_s, memory_s=memory_s, launch_s=launch_s, comm_s=comm_s,
                     exposed_comm_s=exposed, mfu=c.total_flops / (seconds * peak * 1e12),
                     basis=" · ".join(parts))
@@ -341,4 +351,5 @@ def step_time_floor(step: PerGpu, accelerator: Accelerator,
     gbps = (calibration.gbps if measured else None) or accelerator.memory_bandwidth_gbps
     compute = step.workload.flops_per_step / (tflops * 1e12)
     memory = step.workload.bytes_per_step / (gbps * 1e9) if gbps else 0.0
-    return StepFloor(seconds=max(compute, memory), basis="measured" if measured else "datasheet")
+    idle = 1 - (step.setup.pp - 1) / (step.setup.grad_accum + step.setup.pp - 1)  # a 1F1B pipeline's bubble
+    return StepFloor(seconds=max(compute, memory) / idle, basis="measured" if measured else "datasheet")

@@ -16,6 +16,7 @@ from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
+from gpuwise.planning.parallel import Layout, layout
 from gpuwise.planning.remedies import Remedy, remedies
 from gpuwise.planning.serving import DecodeRead
 from gpuwise.planning.setup import Setup
@@ -53,6 +54,8 @@ class MemoryPlan:
     remedies: tuple[Remedy, ...]
     uncosted: dict[str, int]
     captured_blocks: tuple[int, ...] | None
+    host_bytes: int = 0  # host memory per GPU for --offload's state (not in the fit)
+    layout: Layout | None = None  # --tp/--pp/--cp/--nodes/--offload: how the GPUs split the work (planning/parallel.py)
     # a training step planned without accumulation: its peak if the gradients stayed alive through forward and
     # backward, as they do from the second micro-batch on when --batch is above --micro-batch (None otherwise)
     accumulation_peak_bytes: int | None = None
@@ -78,9 +81,16 @@ class Planner:
         return hit
 
     def per_gpu(self, setup: Setup, *, batch_model: bool = False) -> PerGpu:
+        """One GPU of ``setup``; under --pp the worst stage's: the first (the most micro-batches in flight) or the
+        last (the head and the loss), each captured as it runs (planning/parallel.py)."""
         hit = self._per_gpu.get(setup)
         if hit is None or (batch_model and hit.batch_model is None):
-            hit = self._per_gpu[setup] = per_gpu(self.workload(setup, batch_model=batch_model), setup)
+            if setup.pp > 1 and setup.stage is None:
+                hit = max((self.per_gpu(replace(setup, stage=i), batch_model=batch_model) for i in (0, setup.pp - 1)),
+                          key=lambda step: step.peak_bytes)
+            else:
+                hit = per_gpu(self.workload(setup, batch_model=batch_model), setup)
+            self._per_gpu[setup] = hit
         return hit
 
 
@@ -118,6 +128,13 @@ def accumulation_peak(setup: Setup, live: np.ndarray, phases: tuple[str, ...]) -
     return int(totals.max())
 
 
+def _layout(step: PerGpu, n_layer: int | None) -> Layout | None:
+    s = step.setup
+    if not (s.parallel or s.nodes > 1 or s.offload != "none"):
+        return None
+    return layout(s, n_layer, step.host_bytes)
+
+
 def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = None,
          catalog: Catalog | None = None, calibrations: dict[str, Calibration] | None = None) -> MemoryPlan:
     """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU.
@@ -152,6 +169,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         gpu=primary_acc.key, fits=mine.fits, max_batch=mine.max_batch, gpus=fits,
         remedies=remedies(setup, _RemedyGpu(planner, primary_acc)) if not mine.fits else (),
         uncosted=w.uncosted, captured_blocks=w.captured_blocks,
+        host_bytes=step.host_bytes, layout=_layout(step, source.n_layer),
         accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
         decode=DecodeRead.of(step) if setup.task == "decode" else None,

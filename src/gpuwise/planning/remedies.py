@@ -125,12 +125,12 @@ def accumulation(s: Setup, gpu: Gpu) -> Setup | None:
 def fsdp(s: Setup, gpu: Gpu) -> Setup | None:
     """The fewest GPUs that fit with room to spare, else the fewest that fit tightly, else the last tried; the
     global batch kept (at least one sample per GPU). Not with the optimizer in backward: planned on one GPU."""
-    if s.optimizer_in_backward:
+    if s.optimizer_in_backward or s.nodes > 1:  # HSDP: the user chose how the states shard
         return None
     best: tuple[Setup, GpuFit] | None = None
-    for n in FSDP_GPUS:
+    for n in FSDP_GPUS:  # data-parallel GPUs, each a --tp x --pp x --cp group
         per_gpu = max(s.batch // n, 1)
-        sharded = replace(s, gpus=n, sharding="fsdp")
+        sharded = replace(s, gpus=n * s.tp * s.pp * s.cp, sharding="fsdp")
         try:
             micro = max(_largest_micro(sharded, per_gpu, gpu), 1)
             if per_gpu // micro > MAX_ACCUM:

@@ -20,6 +20,7 @@ QLoRARecipe = Literal["peft", "plain"]
 # weights as the step computes (the default)
 Weights = Literal["bf16", "fp16", "fp8", "int8", "int4", "nf4"]
 Loss = Literal["standard", "chunked", "fused"]  # gpuwise.models.loss
+Offload = Literal["none", "optimizer", "params"]  # planning/sharding.py: ZeRO-Offload, FSDP2's CPUOffloadPolicy
 
 MAX_BATCH = 1 << 20
 MAX_ACCUM = 1 << 16
@@ -30,6 +31,15 @@ def _choice(field: str, value: str, kind: object) -> None:
     if value not in allowed:
         raise GpuwiseError(f"--{field.replace('_', '-')} {value!r} is not one of {', '.join(allowed)}",
                            f"pass --{field.replace('_', '-')} {allowed[0]}")
+
+
+def data_parallel(gpus: int, tp: int, pp: int, cp: int) -> int:
+    """The data-parallel degree of ``gpus`` GPUs split ``tp x pp x cp`` ways; they must divide it."""
+    group = tp * pp * cp
+    if gpus % group:
+        raise GpuwiseError(f"--gpus {gpus} is not a multiple of --tp {tp} x --pp {pp} x --cp {cp} = {group}",
+                           f"pass --gpus {group * max(gpus // group, 1)}")
+    return gpus // group
 
 
 def _positive(field: str, value: int | None, limit: int) -> None:
@@ -47,7 +57,7 @@ class Setup:
     """
 
     task: Task = "train"
-    micro_batch: int = 1  # samples per GPU per forward; the global batch is micro_batch x grad_accum x gpus
+    micro_batch: int = 1  # samples per GPU per forward; the global batch is micro_batch x grad_accum x dp
     seq: int | None = None  # tokens; None = the model's default
     image_size: int | None = None  # pixels per side; None = the model's default
     precision: Precision = "bf16-mixed"
@@ -73,6 +83,13 @@ class Setup:
     # sequence length)
     context: int | None = None
     weights: Weights | None = None  # inference: the blocks' linear layers quantised (quantize.py); None: as computed
+    # Model parallelism (planning/parallel.py): --gpus is the total, data-parallel over gpus / (tp x pp x cp).
+    tp: int = 1  # tensor parallel: Megatron's column/row-parallel block, heads and vocabulary split tp ways
+    pp: int = 1  # pipeline parallel, 1F1B: each stage holds layers / pp blocks, stage i keeps pp - i micro-batches
+    cp: int = 1  # context parallel: ring attention over the sequence split cp ways
+    nodes: int = 1  # HSDP: --sharding fsdp shards within each node and replicates across nodes
+    offload: Offload = "none"  # model states in host memory: the optimizer's (ZeRO-Offload), or all (FSDP2)
+    stage: int | None = None  # the pipeline stage a capture is of; None: the worst one (the planner picks it)
 
     def __post_init__(self) -> None:
         _choice("task", self.task, Task)
@@ -95,6 +112,7 @@ class Setup:
         if self.qlora and self.task != "finetune-lora":
             raise GpuwiseError("--qlora quantises the frozen base of a LoRA fine-tune", "add --task finetune-lora")
         self._check_lora()
+        self._check_parallel()
         if not self.training:
             for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
                               (f"--checkpointing {self.checkpointing}", self.checkpointing != "none"),
@@ -162,6 +180,51 @@ class Setup:
 
             check_targets(self.lora_targets)
 
+    def _check_parallel(self) -> None:
+        for name in ("tp", "pp", "cp", "nodes"):
+            _positive(name, getattr(self, name), 1 << 12)
+        _choice("offload", self.offload, Offload)
+        data_parallel(self.gpus, self.tp, self.pp, self.cp)
+        if self.stage is not None and not 0 <= self.stage < self.pp:
+            raise ValueError(f"stage {self.stage} is outside 0..{self.pp - 1}")  # the planner's, never the user's
+        if self.nodes > 1:
+            if self.sharding != "fsdp":
+                raise GpuwiseError(f"--nodes {self.nodes} plans HSDP, which shards with fsdp, not {self.sharding}",
+                                   "add --sharding fsdp, or drop --nodes")
+            if self.dp % self.nodes:
+                fit = [m for m in range(2, self.dp + 1) if self.dp % m == 0]
+                raise GpuwiseError(f"HSDP replicates over --nodes {self.nodes}, which does not divide the "
+                                   f"data-parallel degree {self.dp}",
+                                   f"pass --nodes {' or '.join(map(str, fit[:4]))}" if fit else "drop --nodes")
+        if self.offload != "none":
+            if not self.training:
+                raise GpuwiseError(f"--offload {self.offload} moves training state to the host; --task infer has "
+                                   "none", "drop --offload")
+            if self.offload == "params" and self.sharding != "fsdp":
+                raise GpuwiseError("--offload params offloads FSDP's sharded parameters (CPUOffloadPolicy)",
+                                   "add --sharding fsdp (with --gpus N), or pass --offload optimizer")
+            if self.offload == "optimizer" and self.sharding == "ddp" and self.dp > 1:
+                raise GpuwiseError("--offload optimizer runs ZeRO-Offload, which shards the optimizer first",
+                                   "add --sharding zero2 (or fsdp)")
+            if self.optimizer_in_backward:
+                raise GpuwiseError("--offload and --optimizer-in-backward both move the optimizer step",
+                                   "drop one of them")
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: the GPUs over the tensor, pipeline and context-parallel group."""
+        return self.gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def shard_gpus(self) -> int:
+        """The GPUs the model states are sharded over: the data-parallel group, within a node under HSDP."""
+        return self.dp // self.nodes
+
+    @property
+    def parallel(self) -> bool:
+        """Tensor, pipeline or context parallelism: a capture of one GPU's slice of the model."""
+        return self.tp * self.pp * self.cp > 1
+
     @property
     def peft_qlora(self) -> bool:
         """QLoRA as PEFT's prepare_model_for_kbit_training leaves it: the weights not in 4 bits in fp32."""
@@ -201,7 +264,7 @@ class Setup:
     @property
     def batch(self) -> int:
         """The global batch: samples per optimizer step over every GPU."""
-        return self.micro_batch * self.grad_accum * self.gpus
+        return self.micro_batch * self.grad_accum * self.dp
 
     @staticmethod
     def recipe_defaults(given: dict) -> dict:
@@ -217,7 +280,7 @@ class Setup:
     def for_batch(cls, *, batch: int | None = None, micro_batch: int | None = None, gpus: int = 1,
                   **rest) -> Setup:
         """The one translation from what people give (a global ``--batch``, a per-GPU ``--micro-batch``, or
-        both) to a Setup: the accumulation is what is left, ``batch / (micro_batch x gpus)``.
+        both) to a Setup: the accumulation is what is left, ``batch / (micro_batch x data-parallel GPUs)``.
 
         >>> Setup.for_batch(batch=32, micro_batch=4, gpus=2).grad_accum
         4
@@ -227,17 +290,18 @@ class Setup:
         _positive("gpus", gpus, 1 << 16)
         if batch is None:
             return cls(micro_batch=micro_batch or 1, gpus=gpus, **rest)
-        micro = micro_batch or batch // gpus
-        if micro == 0 or batch % (micro * gpus):
-            per = " ".join(([f"over {gpus} GPUs"] if gpus > 1 else []) + ([f"in micro-batches of {micro}"]
-                                                                          if micro_batch else []))
+        dp = data_parallel(gpus, rest.get("tp", 1), rest.get("pp", 1), rest.get("cp", 1))
+        micro = micro_batch or batch // dp
+        if micro == 0 or batch % (micro * dp):
+            per = " ".join(([f"over {dp} data-parallel GPUs"] if dp > 1 else [])
+                           + ([f"in micro-batches of {micro}"] if micro_batch else []))
             raise GpuwiseError(f"--batch {batch} does not split evenly {per}",
-                               f"pass a --batch that is a multiple of {micro * gpus if micro else gpus}")
-        return cls(micro_batch=micro, grad_accum=batch // (micro * gpus), gpus=gpus, **rest)
+                               f"pass a --batch that is a multiple of {micro * dp if micro else dp}")
+        return cls(micro_batch=micro, grad_accum=batch // (micro * dp), gpus=gpus, **rest)
 
     def describe(self) -> str:
         split = [f"micro-batch {self.micro_batch}"] + ([f"{self.grad_accum} accumulation"] if self.grad_accum > 1
-                                                       else []) + ([f"{self.gpus} GPUs"] if self.gpus > 1 else [])
+                                                       else []) + ([f"{self.dp} GPUs"] if self.dp > 1 else [])
         parts = [self.task, f"batch {self.batch}" + (f" ({' x '.join(split)})" if len(split) > 1 else "")]
         parts.append(self.precision)
         if self.training:
@@ -257,7 +321,12 @@ class Setup:
         if self.quantized:
             parts.append(f"{self.weights} weights")
         if self.gpus > 1:
-            parts.append(f"{self.gpus} GPUs {self.sharding}")
+            data = [f"{self.dp} {self.sharding}" + (f" (HSDP: {self.nodes} nodes x {self.shard_gpus})"
+                                                    if self.nodes > 1 else "")] if self.dp > 1 else []
+            parts.append(f"{self.gpus} GPUs " + " x ".join(
+                data + [f"{k} {n}" for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1]))
+        if self.offload != "none":
+            parts.append(f"{self.offload} offloaded to the host")
         if self.loss != "standard":
             parts.append({"chunked": "chunked cross-entropy", "fused": "fused linear + cross-entropy"}[self.loss])
         return " · ".join(p for p in parts if p)

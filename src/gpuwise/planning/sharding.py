@@ -18,6 +18,21 @@ optimizer columns of each sample (and to the optimizer's temporaries, which foll
   sharded too), plus while forward and backward run the 16-bit parameters of the block computing
   and of the one prefetched, and in backward one block's unsharded fp32 gradient (reduce-scatter
   in fp32).
+
+Offload (``--offload``, host memory reported apart: ``PerGpu.host_bytes``, per GPU):
+  ``optimizer``: ZeRO-Offload (Ren et al. 2021; DeepSpeed ``offload_optimizer``), on ZeRO-2 (a ``ddp``
+  run on one GPU is ZeRO-2 over one) or ZeRO-3 (``fsdp``): the fp32 master, the optimizer states and
+  the fp32 gradients live on the host, where the step runs (DeepSpeedCPUAdam, fused: no temporaries);
+  the GPU keeps the 16-bit parameters (sharded under fsdp) and each block's 16-bit gradients until
+  they are copied out. DeepSpeed's estimators: GPU 2P (ZeRO-2), 4LL + 2P/N (ZeRO-3); host 16P/N.
+  ``params``: FSDP2's ``CPUOffloadPolicy`` (= ZeRO-3 ``offload_param``): the sharded parameters,
+  gradients and states all on the host; the GPU holds the gathered blocks (and one block's gradients)
+  only. DeepSpeed: GPU 4LL, host 18P/N (it keeps a 16-bit copy of the parameters there too; FSDP2
+  keeps the fp32 shard only: 16P/N).
+HSDP (``--nodes M`` with fsdp): the states shard over the GPUs of one node's data-parallel group
+(``Setup.shard_gpus``) and are replicated across nodes: per GPU what FSDP over that group holds.
+Tensor, pipeline and context parallelism change the capture itself (planning/parallel.py); the
+data-parallel degree is what is left, ``gpus / (tp x pp x cp)``.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from gpuwise.planning.optimizers import SPECS
+from gpuwise.planning.parallel import in_flight
 from gpuwise.planning.scaling import Timeline
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.tracker import CATEGORIES
@@ -36,37 +52,50 @@ W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer
 
 
 def capture_setup(setup: Setup) -> Setup:
-    """The single-GPU setup whose capture ``shard`` starts from. A sharded mixed step computes with 16-bit
-    parameters: captured as pure bf16, fp16-mixed too (the same bytes; the run's setup, not this one, picks the
-    catalog rate in the cost model)."""
-    if setup.sharding != "ddp" and setup.mixed:
-        return replace(setup, gpus=1, sharding="ddp", precision="bf16")
-    return replace(setup, gpus=1, sharding="ddp")
+    """The setup whose capture ``shard`` starts from: one GPU of the run, data parallelism and offload taken out
+    (tensor, pipeline and context parallelism stay: they change what the GPU runs). A sharded or offloaded mixed
+    step computes with 16-bit parameters: captured as pure bf16, fp16-mixed too (the same bytes; the run's setup,
+    not this one, picks the catalog rate in the cost model)."""
+    one = replace(setup, gpus=setup.tp * setup.pp * setup.cp, sharding="ddp", nodes=1, offload="none")
+    if (setup.sharding != "ddp" or setup.offload != "none") and setup.mixed:
+        return replace(one, precision="bf16")
+    return one
 
 
 def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int, block_trainable_params: int
-          ) -> Timeline:
-    """The timeline one of ``setup.gpus`` GPUs sees under ``setup.sharding`` (``tl`` from ``capture_setup``)."""
-    n = setup.gpus
-    if n == 1 or not setup.training:
-        return tl
+          ) -> tuple[Timeline, int]:
+    """The timeline one GPU of ``setup`` sees under ``setup.sharding`` and ``setup.offload`` (``tl`` from
+    ``capture_setup``), and the host memory that GPU's process holds for it (bytes)."""
+    n = setup.shard_gpus
+    mode = setup.sharding
+    if setup.offload == "optimizer" and mode == "ddp":
+        mode = "zero2"  # ZeRO-Offload on one GPU: DeepSpeed's stage 2 over one rank
+    if not setup.training or (mode == "ddp" and setup.dp == 1):
+        return tl, 0
     half = setup.compute_dtype.itemsize
-    widen = 4 / half if setup.mixed and setup.sharding != "ddp" else 1.0  # 16-bit capture -> fp32 states
+    widen = 4 / half if setup.mixed and mode != "ddp" else 1.0  # 16-bit capture -> fp32 states
     widen_states = widen if SPECS[setup.optimizer].states_follow_params else 1.0
     grad_total = tl.base[:, G].max()
     phases = np.array([ph for ph, _ in tl.labels])
     opt = phases == "optimizer"
+    master = trainable_params * 4 if setup.mixed else 0  # the fp32 copy a 16-bit step updates
+    host = 0.0
+    if setup.offload == "optimizer":  # the states (with the master) and fp32 gradients, this GPU's shard
+        host = (tl.base[:, OPT].max() * widen_states + master + trainable_params * (4 if setup.mixed else half)) / n
+    elif setup.offload == "params":  # FSDP2: the whole sharded state, as the fsdp columns below hold it
+        host = (tl.base[:, W].max() + trainable_params * (widen - 1) * half + tl.base[:, G].max() * widen
+                + tl.base[:, OPT].max() * widen_states) / n
 
     def apply(x: np.ndarray, constant: float) -> np.ndarray:
         """Linear in each column; ``constant`` is 1 for the base, 0 for the slope (constants join the base only)."""
         x = x.copy()
-        if setup.sharding == "ddp":
+        if mode == "ddp":
             x[:, G] += constant * grad_total
             return x
         x[opt, T] *= widen / n  # the optimizer steps its own shard, in fp32
-        if setup.sharding in ("zero1", "zero2"):
-            x[:, OPT] = (x[:, OPT] * widen_states + constant * (trainable_params * 4 if setup.mixed else 0)) / n
-            if setup.sharding == "zero2":
+        if mode in ("zero1", "zero2"):
+            x[:, OPT] = (x[:, OPT] * widen_states + constant * master) / n
+            if mode == "zero2":
                 x[:, G] /= n
         else:  # fsdp: frozen weights (LoRA's base) keep their dtype, trainable ones get an fp32 master
             x[:, W] = (x[:, W] + constant * trainable_params * (widen - 1) * half) / n
@@ -74,9 +103,20 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
             x[:, OPT] *= widen_states / n
             x[~opt, T] += constant * 2 * block_bytes  # this block and the prefetched one, gathered
             x[phases == "backward", T] += constant * block_trainable_params * (4 if setup.mixed else half)
+        if setup.offload == "optimizer":  # states and master on the host; gradients leave block by block
+            if mode == "fsdp":
+                x[:, W] -= constant * trainable_params * (widen - 1) * half / n  # no fp32 master on the GPU
+                x[:, G] = np.minimum(x[:, G] / widen, constant * block_trainable_params * half)
+            else:
+                x[:, G] = np.minimum(x[:, G], constant * block_trainable_params * half)
+            x[:, OPT] = 0
+            x[opt, T] = 0  # the step runs on the host
+        elif setup.offload == "params":  # only the gathered blocks (in T) stay on the GPU
+            x[:, [W, G, OPT]] = 0
+            x[opt, T] = 0
         return x
 
-    return replace(tl, base=apply(tl.base, 1.0), slope=apply(tl.slope, 0.0))
+    return replace(tl, base=apply(tl.base, 1.0), slope=apply(tl.slope, 0.0)), int(host)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +130,7 @@ class PerGpu:
     live: np.ndarray = field(repr=False)  # (samples, categories) bytes at setup.micro_batch
     peak_bytes: int  # the step's tensors at their peak
     paged_bytes: int = 0  # of which optimizer state in paged memory: the driver can evict it to the host
+    host_bytes: int = 0  # host memory this GPU's process holds for offloaded state (--offload); not in the fit
 
 
 def per_gpu(w: Workload, setup: Setup) -> PerGpu:
@@ -97,13 +138,14 @@ def per_gpu(w: Workload, setup: Setup) -> PerGpu:
     if w.setup != capture_setup(setup):
         raise ValueError(f"the workload was captured for {w.setup}, not for {capture_setup(setup)}")
 
-    def sharded(tl: Timeline) -> Timeline:
+    def sharded(tl: Timeline) -> tuple[Timeline, int]:
+        tl = in_flight(tl, setup)
         return shard(tl, setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
                      block_trainable_params=w.block_trainable_params)
 
-    timeline = sharded(w.timeline)
+    timeline, host = sharded(w.timeline)
     live = timeline.live(setup.micro_batch)
-    paged = w.paged_bytes // setup.gpus if setup.sharding != "ddp" else w.paged_bytes  # each rank its shard's
+    paged = w.paged_bytes // setup.shard_gpus if setup.sharding != "ddp" else w.paged_bytes  # each rank its shard's
     return PerGpu(workload=w, setup=setup, timeline=timeline, live=live, peak_bytes=int(live.sum(axis=1).max()),
-                  paged_bytes=paged,
-                  batch_model=None if w.batch_model is None else sharded(w.batch_model))
+                  paged_bytes=paged, host_bytes=host,
+                  batch_model=None if w.batch_model is None else sharded(w.batch_model)[0])

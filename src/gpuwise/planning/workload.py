@@ -8,6 +8,7 @@ import numpy as np
 
 import gpuwise.planning.capture_cache as capture_cache
 from gpuwise.errors import GpuwiseError, NotApplicable
+from gpuwise.planning import parallel
 from gpuwise.planning.capture import Capture, capture
 from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
 from gpuwise.planning.setup import Setup
@@ -126,7 +127,11 @@ def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
 def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) -> Workload:
     """``simulate`` for a setup the planner chose (a remedy): one the model cannot take raises NotApplicable."""
     source.check(setup)
+    parallel.check(source, setup)
     n_layer = source.n_layer
+    whole = None  # the blocks a whole-model capture builds: the model's own, or a pipeline stage's
+    if n_layer is not None and setup.pp > 1:
+        n_layer = whole = parallel.stage_layers(n_layer, setup)
     tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum
     if n_layer is not None and n_layer > 3:
         try:
@@ -134,7 +139,7 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
             return _assemble(source.name, setup, tokens, groups, n_layer)
         except (Misaligned, UnevenTargets):
             pass  # not a clean stack of identical blocks (or LoRA targets only some): capture the whole model
-    return _assemble(source.name, setup, tokens, [_captures(source, setup, None, batch_model)], None)
+    return _assemble(source.name, setup, tokens, [_captures(source, setup, whole, batch_model)], None)
 
 
 def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, ...]], n_layer: int | None

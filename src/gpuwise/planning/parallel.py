@@ -1,0 +1,297 @@
+"""One GPU's slice of a tensor-, pipeline- or context-parallel run, captured as it runs (not a formula after).
+
+The model stays plain PyTorch; these functions cut it from outside after it is built (gpt-fast's ``apply_tp``),
+inside the fake mode, so the capture records what one rank allocates and computes:
+
+- ``--tp N`` (Megatron-LM, Shoeybi et al. 2019 sec. 3; torchtitan's ``parallelize_llama``): in every block the
+  first linear layer of each pair is column-parallel (q, k, v, gate, up: output features / N), the second
+  row-parallel (o, down: input features / N), so each rank runs heads / N (and kv heads / N) and ffn / N; the
+  residual stream, the norms and the row-parallel outputs stay whole (they are all-reduced: Korthikanti et al.
+  2022 Table 2, ``sbh(10 + 24/t + 5as/(ht))``; no sequence parallelism). The token embedding and the LM head are
+  vocabulary-parallel (vocab / N rows each, ``ceil``), as Megatron and torchtitan (``loss_parallel``) run them:
+  the logits and the cross-entropy's fp32 copies are vocab / N wide, which at a 128k vocabulary is most of the
+  step's temporaries. Learned positions (GPT's ``wpe``) stay replicated.
+- ``--pp N`` with the 1F1B schedule (Narayanan et al. 2021): a stage holds ``layers / N`` blocks; the first also the
+  embedding, the last the final norm, the head and the loss. A stage's output is sent on and its tensor freed
+  (Megatron's ``deallocate_output_tensor``): the first stage's capture stops after its last block and takes its
+  output gradient from the next stage in backward; the last stage's starts from a received activation. Stage i
+  holds ``min(N - i, micro-batches)`` micro-batches' activations at once (``in_flight``); the first stage, with the
+  most in flight, or the last, with the head, is the worst, and the plan reports that one.
+- ``--cp N`` (ring attention as torchtitan runs it, Liu et al. 2023): the sequence split N ways, each rank holding
+  s / N tokens' activations; attention sees all the keys by passing K/V chunks around the ring (TODO: the K/V
+  buffers are not modelled yet: ``check`` refuses --cp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.planning.setup import Setup
+
+# The linear layers of a block, as each model spells them: the first of each pair column-parallel, the second
+# row-parallel (zoo Llama: wq wk wv w1 w3 / wo w2; zoo GPT and its attention's packed q,k,v: c_attn c_fc / c_proj;
+# Hugging Face decoders: q_proj k_proj v_proj gate_proj up_proj / o_proj down_proj).
+COLUMN = frozenset({"wq", "wk", "wv", "w1", "w3", "c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj",
+                    "up_proj"})
+ROW = frozenset({"wo", "w2", "c_proj", "o_proj", "down_proj"})
+HEADS = ("n_head", "n_kv_head", "num_heads", "num_key_value_heads")  # attributes a block's attention may size by
+# (embeddings, final norm, head) of the built-in decoders; Hugging Face models say theirs themselves
+_ENDS = {"Llama": (("tok_embeddings",), "norm", "output"), "GPT": (("wte", "wpe"), "ln_f", "lm_head")}
+_FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+
+
+def stage_layers(n_layer: int, setup: Setup) -> int:
+    """Blocks on ``setup.stage`` (the first stages take one more when ``pp`` does not divide the layers)."""
+    stage = setup.stage or 0
+    return n_layer // setup.pp + (1 if stage < n_layer % setup.pp else 0)
+
+
+def in_flight_micro_batches(setup: Setup) -> int:
+    """Micro-batches whose activations stage ``setup.stage`` holds at once under 1F1B: ``pp - stage`` (the
+    warm-up forwards before its first backward), at most the micro-batches of a step (``grad_accum``)."""
+    if setup.pp == 1:
+        return 1
+    return max(1, min(setup.pp - (setup.stage or 0), setup.grad_accum))
+
+
+def check(source, setup: Setup) -> None:
+    """What the model must allow: blocks to split, heads that divide, as many layers as stages. One line each."""
+    if not setup.parallel:
+        return
+    flags = " ".join(f"--{k} {n}" for k, n in (("tp", setup.tp), ("pp", setup.pp), ("cp", setup.cp)) if n > 1)
+    if setup.cp > 1:
+        raise GpuwiseError(f"--cp {setup.cp}: context parallelism is not planned yet (ring attention's K/V buffers)",
+                           "drop --cp; plan the sequence on --tp/--pp, or with --checkpointing full")
+    if source.n_layer is None:
+        raise GpuwiseError(f"{flags} splits a stack of blocks, and {source.name} has none the planner can scale",
+                           f"drop {flags}, or plan a built-in decoder or an --hf-config causal LM")
+    if setup.pp > source.n_layer:
+        raise GpuwiseError(f"--pp {setup.pp} is more stages than {source.name}'s {source.n_layer} layers",
+                           f"pass --pp {source.n_layer} or less")
+    if setup.tp > 1:
+        dec = source.decoder
+        if dec is None:
+            raise GpuwiseError(f"--tp {setup.tp} splits attention heads; {source.name} is not a decoder language model",
+                               "drop --tp, or plan a built-in GPT/Llama or an --hf-config causal LM")
+        for what, n in (("attention heads", dec.heads), ("key/value heads", dec.kv_heads)):
+            if n % setup.tp:
+                ok = [t for t in range(1, n + 1) if n % t == 0 and dec.heads % t == 0 and dec.kv_heads % t == 0]
+                raise GpuwiseError(f"--tp {setup.tp} does not divide {source.name}'s {n} {what}",
+                                   f"pass --tp {max(t for t in ok if t <= setup.tp)} (it divides: "
+                                   f"{', '.join(map(str, ok))})")
+
+
+def rank_step(built, setup: Setup):
+    """``built`` (a source's Built, inside the fake mode) cut to what one GPU of ``setup`` runs."""
+    if setup.tp > 1:
+        shard_tensor_parallel(built.model, setup.tp)
+    if setup.pp > 1:
+        built = pipeline_stage(built, setup.stage or 0, setup.pp)
+    return built
+
+
+def _linear(old: nn.Linear, in_features: int, out_features: int, split_bias: bool) -> nn.Linear:
+    new = nn.Linear(in_features, out_features, bias=old.bias is not None, dtype=old.weight.dtype,
+                    device=old.weight.device)
+    if old.bias is not None and not split_bias:  # a row-parallel bias is added once, after the all-reduce: whole
+        new.bias = nn.Parameter(torch.empty(old.out_features, dtype=old.bias.dtype, device=old.bias.device))
+    new.weight.requires_grad_(old.weight.requires_grad)
+    return new
+
+
+def _ends(model: nn.Module) -> tuple[tuple[str, ...], str | None, str | None]:
+    """Qualified names of the embedding(s), the final norm and the head of a decoder LM."""
+    if type(model).__name__ in _ENDS:
+        return _ENDS[type(model).__name__]
+    names = {id(m): n for n, m in model.named_modules()}
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    emb = names.get(id(get_in())) if callable(get_in) else None
+    head = names.get(id(get_out())) if callable(get_out) and get_out() is not None else None
+    base = emb.rsplit(".", 1)[0] + "." if emb and "." in emb else ""
+    norm = next((base + n for n in _FINAL_NORMS if base + n in dict(model.named_modules())), None)
+    return ((emb,) if emb else ()), norm, head
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
+    """One rank's model of a ``tp``-way Megatron split, in place (see the module docstring)."""
+    from gpuwise.planning.transforms import find_blocks
+
+    blocks = find_blocks(model)
+    split = 0
+    for block in blocks or ():
+        for name, mod in list(block.named_modules()):
+            leaf = name.rpartition(".")[2]
+            if isinstance(mod, nn.Linear) and leaf in COLUMN | ROW:
+                n = mod.out_features if leaf in COLUMN else mod.in_features
+                if n % tp:
+                    raise GpuwiseError(f"--tp {tp} does not divide {name}'s {n} features",
+                                       f"pass a --tp that divides {n}")
+                _swap(block, name, _linear(mod, mod.in_features // (1 if leaf in COLUMN else tp),
+                                           mod.out_features // (tp if leaf in COLUMN else 1), leaf in COLUMN))
+                split += 1
+            for attr in HEADS:
+                if isinstance(getattr(mod, attr, None), int) and not isinstance(mod, nn.Linear):
+                    setattr(mod, attr, getattr(mod, attr) // tp)
+    if not split:
+        raise GpuwiseError(f"--tp {tp}: no q/k/v/o or MLP linear layers found in {type(model).__name__}'s blocks",
+                           "drop --tp; tensor parallelism is planned for Llama- and GPT-style decoders")
+    embs, _norm, head = _ends(model)
+    tied = head is not None and embs and model.get_submodule(head).weight is model.get_submodule(embs[0]).weight
+    rows = None
+    if embs:
+        old = model.get_submodule(embs[0])
+        rows = math.ceil(old.num_embeddings / tp)
+        new_emb = nn.Embedding(rows, old.embedding_dim, dtype=old.weight.dtype, device=old.weight.device)
+        _swap(model, embs[0], new_emb)
+    if head is not None:
+        old = model.get_submodule(head)
+        rows = math.ceil(old.out_features / tp)
+        new_head = _linear(old, old.in_features, rows, True)
+        if tied:
+            new_head.weight = new_emb.weight
+        _swap(model, head, new_head)
+    config = getattr(model, "config", None)  # transformers' loss views the logits by config.vocab_size
+    if rows is not None and config is not None and isinstance(getattr(config, "vocab_size", None), int):
+        config.vocab_size = rows
+
+
+class _StageEnd(Exception):
+    """Raised with the last block's output where a non-final pipeline stage stops."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        super().__init__("end of the pipeline stage")
+        self.x = x
+
+
+class _Stop(nn.Module):
+    """Stands where the final norm was: the stage sends its input on."""
+
+    def forward(self, x, *args, **kwargs):
+        raise _StageEnd(x)
+
+
+class _Send(torch.autograd.Function):
+    """The stage's output goes to the next stage (its tensor freed); in backward its gradient comes back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.meta = (x.shape, x.dtype, x.device)
+        return x.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _grad: torch.Tensor) -> torch.Tensor:
+        shape, dtype, device = ctx.meta
+        return torch.empty(shape, dtype=dtype, device=device)  # the receive buffer
+
+
+class _Recv(torch.autograd.Function):
+    """The previous stage's activation arrives; its gradient is sent back (and freed) in backward."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=anchor.device)
+
+    @staticmethod
+    def backward(ctx, _grad: torch.Tensor):
+        return torch.zeros((), device=_grad.device), None, None
+
+
+class _Received(nn.Module):
+    """Stands where an embedding was: gives the activation the previous stage sent (the first), or nothing (0)."""
+
+    def __init__(self, dim: int, dtype: torch.dtype, first: bool) -> None:
+        super().__init__()
+        self.dim, self.dtype, self.first = dim, dtype, first
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        shape = (*idx.shape, self.dim)
+        if not self.first:  # learned positions: the first stage added them already
+            return torch.zeros((), dtype=self.dtype, device=idx.device)
+        anchor = torch.zeros((), device=idx.device, requires_grad=True)
+        return _Recv.apply(anchor, shape, self.dtype)
+
+
+def pipeline_stage(built, stage: int, pp: int):
+    """``built`` (already holding this stage's blocks) as pipeline stage ``stage`` of ``pp`` runs it."""
+    model = built.model
+    embs, norm, head = _ends(model)
+    if not embs or norm is None or head is None:
+        raise GpuwiseError(f"--pp {pp}: cannot tell the embedding, final norm and head of {type(model).__name__}",
+                           "drop --pp; pipeline stages are planned for Llama- and GPT-style decoders")
+    last = stage == pp - 1
+    if stage > 0:  # the embedding lives on the first stage
+        for i, name in enumerate(embs):
+            old = model.get_submodule(name)
+            _swap(model, name, _Received(old.embedding_dim, old.weight.dtype, first=i == 0))
+    if last:
+        return built
+    _swap(model, norm, _Stop())  # the final norm, head and loss live on the last stage
+    _swap(model, head, nn.Identity())
+    run = built.run
+
+    def run_stage(model, inputs, targets, kv_cache):
+        try:
+            run(model, inputs, targets, kv_cache)
+        except _StageEnd as end:
+            return _Send.apply(end.x)
+        raise RuntimeError("the pipeline stage ran past its last block")
+
+    return replace(built, run=run_stage)
+
+
+def in_flight(tl, setup: Setup):
+    """``tl`` (one micro-batch of stage ``setup.stage``) with the activations of the other micro-batches 1F1B keeps
+    in flight during forward and backward: each as many bytes as one leaves saved at the end of its forward."""
+    extra = in_flight_micro_batches(setup) - 1
+    if extra == 0:
+        return tl
+    from gpuwise.planning.tracker import CATEGORIES
+
+    act = CATEGORIES.index("activations")
+    running = np.array([ph != "optimizer" for ph, _ in tl.labels])
+    base, slope = tl.base.copy(), tl.slope.copy()
+    base[running, act] += extra * tl.base[tl.end_of_forward, act]
+    slope[running, act] += extra * tl.slope[tl.end_of_forward, act]
+    return replace(tl, base=base, slope=slope)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """How the run's GPUs split the work, as the plan reports it."""
+
+    gpus: int
+    dp: int  # data-parallel degree: gpus / (tp x pp x cp)
+    tp: int
+    pp: int
+    cp: int
+    nodes: int
+    shard_gpus: int  # the GPUs the model states are sharded over (within a node under HSDP)
+    stage: int | None  # the pipeline stage the plan's memory is of (the worst), None without --pp
+    stage_layers: int | None  # its blocks
+    in_flight: int  # micro-batches whose activations that stage holds at once (1F1B)
+    bubble: float  # the 1F1B pipeline's idle fraction, (pp - 1) / (m + pp - 1)
+    offload: str
+    host_bytes: int  # host memory per GPU for the offloaded state
+    host_bytes_per_node: int | None  # with --nodes: host_bytes x the GPUs of one node
+
+
+def layout(setup: Setup, n_layer: int | None, host_bytes: int) -> Layout:
+    per_node = setup.gpus // setup.nodes if setup.nodes > 1 else None
+    m = setup.grad_accum
+    return Layout(gpus=setup.gpus, dp=setup.dp, tp=setup.tp, pp=setup.pp, cp=setup.cp, nodes=setup.nodes,
+                  shard_gpus=setup.shard_gpus, stage=setup.stage if setup.pp > 1 else None,
+                  stage_layers=stage_layers(n_layer, setup) if setup.pp > 1 and n_layer else None,
+                  in_flight=in_flight_micro_batches(setup), bubble=(setup.pp - 1) / (m + setup.pp - 1),
+                  offload=setup.offload, host_bytes=host_bytes,
+                  host_bytes_per_node=None if per_node is None else host_bytes * per_node)
