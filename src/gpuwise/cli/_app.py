@@ -43,6 +43,20 @@ LossOption = Annotated[str | None, typer.Option(help=(
     "A decoder LM's loss: standard (the whole logits up-cast to fp32, as transformers does), chunked (torchtune's "
     "chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger runs it) [standard]."))]
 
+# Model parallelism and offload (planning/parallel.py, planning/sharding.py): --gpus is the total, tp x pp x cp x dp.
+TpOption = Annotated[int | None, typer.Option("--tp", help=(
+    "Tensor-parallel GPUs (Megatron's split: q,k,v,gate,up column-parallel, o,down row-parallel, heads and "
+    "vocabulary split) [1]."))]
+PpOption = Annotated[int | None, typer.Option("--pp", help=(
+    "Pipeline stages, 1F1B schedule (--batch / --micro-batch micro-batches); the plan is the worst stage's [1]."))]
+CpOption = Annotated[int | None, typer.Option("--cp", help="Context-parallel GPUs (ring attention) [1].")]
+NodesOption = Annotated[int | None, typer.Option("--nodes", help=(
+    "Nodes the --gpus span, for HSDP: --sharding fsdp shards within a node and replicates across nodes [1]."))]
+OffloadOption = Annotated[str | None, typer.Option("--offload", help=(
+    "none, optimizer (ZeRO-Offload: fp32 master, states and the step on the host) or params (FSDP2 "
+    "CPUOffloadPolicy: the sharded parameters, gradients and states on the host; needs --sharding fsdp). "
+    "Host memory is reported apart [none]."))]
+
 
 def _version(value: bool) -> None:
     if value:

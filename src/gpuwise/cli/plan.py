@@ -9,16 +9,21 @@ import typer
 
 from gpuwise.cli._app import (
     ContextOption,
+    CpOption,
     DeviceOption,
     JsonFlag,
     LoraDropoutOption,
     LoraRankOption,
     LoraTargetsOption,
     LossOption,
+    NodesOption,
+    OffloadOption,
     OptimizerInBackwardFlag,
     OptimizerOption,
+    PpOption,
     QloraFlag,
     QloraRecipeOption,
+    TpOption,
     WeightsOption,
     app,
     check_png,
@@ -47,7 +52,8 @@ def plan(
     checkpointing: Annotated[str | None, typer.Option(help="none, full (recompute every block) or selective "
                                                          "(torchtitan's op policy: keep every other matmul's output "
                                                          "and attention's).")] = None,
-    n_gpus: Annotated[int | None, typer.Option("--gpus", help="Data-parallel GPUs.")] = None,
+    n_gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in all: data-parallel x --tp x --pp x --cp "
+                                                                  "[--tp x --pp x --cp].")] = None,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
     lora_rank: LoraRankOption = None,
     qlora: QloraFlag = False,
@@ -59,6 +65,11 @@ def plan(
     attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
                                                        "built-in GPT and Llama models.")] = None,
     loss: LossOption = None,
+    tp: TpOption = None,
+    pp: PpOption = None,
+    cp: CpOption = None,
+    nodes: NodesOption = None,
+    offload: OffloadOption = None,
     gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
                                                  "fit (default: every catalog GPU; remedies for --device's "
                                                  "GPU, else h100-sxm).")] = None,
@@ -101,8 +112,9 @@ def plan(
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     given |= {"context": context, "weights": weights}
     given |= {"loss": loss}
+    given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
-    setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or 1,
+    setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or (tp or 1) * (pp or 1) * (cp or 1),
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
     result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
     render.emit(result, json=json_out)

@@ -9,15 +9,20 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import (
+    CpOption,
     JsonFlag,
     LoraDropoutOption,
     LoraRankOption,
     LoraTargetsOption,
     LossOption,
+    NodesOption,
+    OffloadOption,
     OptimizerInBackwardFlag,
     OptimizerOption,
+    PpOption,
     QloraFlag,
     QloraRecipeOption,
+    TpOption,
     WeightsOption,
     app,
     check_png,
@@ -75,6 +80,11 @@ def recommend(
     lora_dropout: LoraDropoutOption = None,
     qlora_recipe: QloraRecipeOption = None,
     loss: LossOption = None,
+    tp: TpOption = None,
+    pp: PpOption = None,
+    cp: CpOption = None,
+    nodes: NodesOption = None,
+    offload: OffloadOption = None,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
     samples: Annotated[float | None, typer.Option(help="The goal in samples (images, sequences).")] = None,
     epochs: Annotated[float | None, typer.Option(help="The goal in epochs of --dataset-size samples.")] = None,
@@ -104,6 +114,12 @@ def recommend(
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
     check_png(plot)
+    layout = [f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("nodes", nodes), ("offload", offload))
+              if v not in (None, 1, "none")]
+    if layout:  # recommend enumerates data-parallel GPU counts (ddp or fsdp) for one layout: the plain one
+        raise GpuwiseError(f"{layout[0]}: recommend ranks data-parallel GPU counts, not model-parallel layouts or "
+                           "offload", f"plan that layout with gpuwise plan {' '.join(layout)} --gpus N, or drop "
+                           f"{layout[0]}")
     if task == "decode":
         raise GpuwiseError("recommend ranks generation with its serving model (--serve): --task decode is one step "
                            "for gpuwise plan", "pass --serve (the context is --prompt-tokens + --output-tokens), or "

@@ -72,6 +72,11 @@ def train(
     qlora_recipe: Annotated[str | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     weights: Annotated[str | None, typer.Option(help="Plan only (--task infer or decode).")] = None,
     context: Annotated[int | None, typer.Option(help="Plan only (--task decode).")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", help="Plan only (tensor parallelism).")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", help="Plan only (pipeline parallelism).")] = None,
+    cp: Annotated[int | None, typer.Option("--cp", help="Plan only (context parallelism).")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Plan only (HSDP).")] = None,
+    offload: Annotated[str | None, typer.Option("--offload", help="Plan only (CPU offload).")] = None,
     fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel \\[fused on GPUs].")] = None,
     workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
                        ] = None,
@@ -112,6 +117,11 @@ def train(
         if value is not None:
             raise plan_only(f"{flag} {value} (inference) is planned by gpuwise plan; gpuwise train trains",
                             f"drop {flag}, or see the plan: gpuwise plan --task decode {flag} {value}")
+
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--nodes", nodes), ("--offload", offload)):
+        if value is not None and value not in (1, "none"):  # the trainer runs DDP and FSDP2 over one group
+            raise plan_only(f"{flag} {value} is planned by gpuwise plan; gpuwise train runs data parallelism only",
+                            f"drop {flag}, or see the plan: gpuwise plan {flag} {value}")
 
     from gpuwise import render
     from gpuwise.files import open_log

@@ -51,6 +51,7 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
                  f"{human_bytes(plan.overhead_bytes)} CUDA context and workspaces")
     _decode_rows(plan, head)
+    _parallel_rows(plan, head)
     if plan.paged_bytes:
         head.add_row("paged", f"{human_bytes(plan.paged_bytes)} of optimizer state is paged: it can spill to host "
                      "memory (slower steps), so the fit counts the rest")
@@ -145,3 +146,33 @@ def render_models(models: list[ZooModel], console: Console) -> None:
         table.add_row(m.name, _count(m.published_params), str(m.n_layer or "-"),
                       m.inputs, default)
     console.print(table)
+
+
+def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
+    """--tp/--pp/--cp/--nodes/--offload: how the GPUs split the work, and the host memory offload takes."""
+    lay = plan.layout
+    if lay is None:
+        return
+    parts = [f"{lay.gpus} GPUs = {lay.dp} data-parallel"]
+    parts += [f"{n} {what}" for what, n in (("tensor-parallel", lay.tp), ("pipeline stages", lay.pp),
+                                            ("context-parallel", lay.cp)) if n > 1]
+    text = " x ".join(parts)
+    if lay.nodes > 1:
+        text += f"; HSDP: states sharded over {lay.shard_gpus} GPUs in each of {lay.nodes} nodes, replicated across"
+    if lay.tp > 1 or lay.pp > 1:
+        text += "; parameters and memory are one GPU's (heads, MLP and vocabulary split --tp ways)" if lay.tp > 1 \
+            else "; parameters and memory are one GPU's"
+    head.add_row("parallel", text)
+    if lay.pp > 1 and lay.stage is not None:
+        where = "first" if lay.stage == 0 else "last"
+        with_ = "the embedding" if lay.stage == 0 else "the final norm, head and loss"
+        head.add_row("pipeline", f"the worst stage is the {where} (stage {lay.stage}): {lay.stage_layers} blocks and "
+                     f"{with_}, {lay.in_flight} micro-batch{'es' if lay.in_flight > 1 else ''} of activations in "
+                     f"flight (1F1B); bubble {lay.bubble:.0%} of the step, (pp - 1) / (micro-batches + pp - 1)")
+    if lay.offload != "none":
+        node = f" ({human_bytes(lay.host_bytes_per_node)} per node)" if lay.host_bytes_per_node is not None else ""
+        what = "fp32 master, optimizer states and gradients" if lay.offload == "optimizer" else \
+            "sharded parameters, gradients and optimizer states"
+        head.add_row("host memory", f"{human_bytes(lay.host_bytes)} per GPU{node} of pinned host RAM: {what} "
+                     "(--offload " + lay.offload + "); not in the GPU fit")
+

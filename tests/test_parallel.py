@@ -1,0 +1,196 @@
+"""Tensor and pipeline parallelism, HSDP and offload (planning/parallel.py, planning/sharding.py), each against a
+reference whose source is given: Korthikanti et al. 2022 for tensor-parallel activations and the 1F1B pipeline,
+DeepSpeed's ZeRO estimators for offload, FSDP over one node for HSDP. Tiny models: the whole file runs in seconds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conftest import run_cli
+from gpuwise.models import get_model
+from gpuwise.models.gpt import GPTConfig
+from gpuwise.models.llama import LlamaConfig
+from gpuwise.planning import Setup
+from gpuwise.planning.capture import capture
+from gpuwise.planning.parallel import in_flight_micro_batches
+from gpuwise.planning.plan import Planner
+from gpuwise.planning.sharding import capture_setup
+from gpuwise.planning.source import ZooSource
+from gpuwise.planning.tracker import CATEGORIES
+
+ACT = CATEGORIES.index("activations")
+W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))
+H, HEADS, SEQ, B = 256, 8, 128, 2
+# A GPT block as Korthikanti et al. assume it (LayerNorm, 4h GeLU MLP, 16-bit), without dropout and with flash
+# attention (SDPA): their per-layer sbh(10 + 24/t + 5as/(ht)) loses the two 1-byte dropout masks outside the
+# attention (10 -> 8) and the attention-score term (flash keeps only an fp32 logsumexp, 4 bytes x a x s x b / t).
+GPT = ZooSource(zoo=replace(get_model("gpt2"), name="gpt-tp-test",
+                            config=GPTConfig(n_layer=4, n_head=HEADS, n_embd=H, vocab_size=512, block_size=SEQ)))
+LLAMA = ZooSource(zoo=replace(get_model("llama2-7b"), name="llama-tp-test", default_seq=SEQ,
+                              config=LlamaConfig(n_layer=4, n_head=HEADS, n_kv_head=4, dim=H, ffn_dim=688,
+                                                 vocab_size=512)))
+
+
+def _block_activations(source, setup: Setup) -> int:
+    """Bytes one block leaves saved at the end of forward: the 3-block capture less the 2-block one."""
+    cs = capture_setup(setup)
+    two, three = (capture(source, cs, batch=setup.micro_batch, n_layer=n) for n in (2, 3))
+    return int(three.live[three.end_of_forward, ACT] - two.live[two.end_of_forward, ACT])
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_tensor_parallel_activations_follow_korthikanti_table_2(t):
+    """Korthikanti et al. 2022 (arXiv:2205.05198) Table 2, tensor parallel without sequence parallelism:
+    sbh(10 + 24/t + 5as/(ht)) per layer; here 8 + 24/t (no dropout) plus flash attention's logsumexp."""
+    setup = Setup(micro_batch=B, seq=SEQ, precision="bf16", gpus=t, tp=t)
+    sbh = SEQ * B * H
+    expected = sbh * (8 + 24 / t) + 4 * HEADS * SEQ * B / t
+    assert _block_activations(GPT, setup) == pytest.approx(expected, rel=0.005)
+
+
+def test_tensor_parallel_shards_the_block_weights_and_the_vocabulary():
+    """One rank holds 1/t of every block linear (the row-parallel biases whole: added after the all-reduce) and of
+    the vocabulary-parallel embedding; GPT's learned positions and the norms stay whole."""
+    planner = Planner(GPT)
+    one, four = (planner.workload(Setup(micro_batch=1, seq=SEQ, gpus=t, tp=t)) for t in (1, 4))
+    cfg = GPT.zoo.config
+    h, v, n = cfg.n_embd, cfg.vocab_size, cfg.n_layer
+    split = n * (12 * h * h + 3 * h + 4 * h) // 4  # qkv, fc (weights and biases), proj and fc2 weights
+    whole = n * (2 * h + 4 * h) + 2 * h + cfg.block_size * h  # proj and fc2 biases, the LayerNorms, ln_f, wpe
+    assert four.params == split + whole + v * h // 4
+    assert one.params == 4 * split + whole + v * h
+
+
+def test_llama_tensor_parallel_keeps_the_residual_stream_whole():
+    """Grouped-query Llama: heads, kv heads and the SwiGLU width split t ways; what does not shrink (RMSNorm's
+    fp32 work on the whole residual stream) is the same at every t, so the activations are affine in 1/t."""
+    acts = {t: _block_activations(LLAMA, Setup(micro_batch=B, seq=SEQ, precision="bf16", gpus=t, tp=t))
+            for t in (1, 2, 4)}
+    split = 2 * (acts[1] - acts[2])  # the part divided by t
+    assert acts[4] == pytest.approx(acts[1] - split * 3 / 4, rel=0.002)
+    assert 0 < split < acts[1]
+
+
+def test_one_f_one_b_in_flight_counts():
+    """1F1B (Narayanan et al. 2021, Fig. 4): stage i runs pp - i warm-up forwards before its first backward, so
+    holds that many micro-batches' activations, never more than the micro-batches of the step."""
+    counts = [in_flight_micro_batches(Setup(micro_batch=1, grad_accum=8, gpus=4, pp=4, stage=i)) for i in range(4)]
+    assert counts == [4, 3, 2, 1]
+    assert in_flight_micro_batches(Setup(micro_batch=1, grad_accum=2, gpus=4, pp=4, stage=0)) == 2
+    assert in_flight_micro_batches(Setup(micro_batch=1, gpus=4, pp=4, stage=0)) == 1
+
+
+def test_first_stage_holds_every_layers_activations():
+    """Korthikanti et al. sec. 4.2.3: with 1F1B the first stage holds p micro-batches of L/p layers, L layers'
+    worth whatever p, plus its embedding; its head and loss are on the last stage."""
+    planner = Planner(GPT)
+    per_block = _block_activations(GPT, Setup(micro_batch=B, seq=SEQ, precision="bf16"))
+    L = GPT.zoo.config.n_layer
+    for p in (2, 4):
+        first = planner.per_gpu(Setup(micro_batch=B, grad_accum=p, seq=SEQ, precision="bf16", gpus=p, pp=p,
+                                      stage=0))
+        held = first.live[first.timeline.end_of_forward, ACT]
+        assert held == pytest.approx(L * per_block, rel=0.03)  # the rest: the embedding's small saved tensors
+
+
+def test_pipeline_stages_split_the_parameters_and_the_plan_reports_the_worst():
+    """Stage 0 holds the embedding, stage p-1 the final norm and the head (GPT ties it to the embedding, so both
+    stages hold a copy, as Megatron does); the plan's step is the one with the larger peak."""
+    planner = Planner(GPT)
+    cfg = GPT.zoo.config
+    h, v = cfg.n_embd, cfg.vocab_size
+    block = 12 * h * h + 13 * h
+    base = Setup(micro_batch=B, grad_accum=2, seq=SEQ, gpus=2, pp=2)
+    first, last = (planner.workload(replace(base, stage=i)) for i in (0, 1))
+    assert first.params == 2 * block + v * h + cfg.block_size * h
+    assert last.params == 2 * block + 2 * h + v * h
+    worst = planner.per_gpu(base)
+    assert worst.peak_bytes == max(planner.per_gpu(replace(base, stage=i)).peak_bytes for i in (0, 1))
+
+
+def _states(step) -> tuple[int, int]:
+    """Model-state bytes on the GPU at the start of forward (weights + gradients + optimizer), and on the host."""
+    first = step.live[0]
+    return int(first[W] + first[G] + first[OPT]), step.host_bytes
+
+
+def test_offload_matches_deepspeed_estimators():
+    """deepspeedai/DeepSpeed runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs and stage3.py
+    estimate_zero3_model_states_mem_needs (without their 1.5 buffer factor), mixed-precision Adam, N GPUs:
+    ZeRO-2 + offload_optimizer: GPU 2P; ZeRO-3 + offload_optimizer: GPU 2P/N + 4LL (the gathered layer);
+    ZeRO-3 + offload_param: GPU 4LL; the host per GPU 16P/N (offload_optimizer: fp32 master, m, v, fp32 grads).
+    DeepSpeed's offload_param host figure is 18P/N (a 16-bit copy too): FSDP2's CPUOffloadPolicy keeps 16P/N."""
+    n = 4
+    planner = Planner(GPT)
+    base = Setup(micro_batch=1, seq=SEQ, gpus=n)
+    P = planner.workload(replace(base, sharding="zero2", offload="optimizer")).trainable_params
+    zero2 = planner.per_gpu(replace(base, sharding="zero2", offload="optimizer"))
+    assert _states(zero2) == (2 * P, 16 * P // n)
+    zero3 = planner.per_gpu(replace(base, sharding="fsdp", offload="optimizer"))
+    gpu, host = _states(zero3)
+    assert gpu == pytest.approx(2 * P / n, abs=1) and host == 16 * P // n
+    ll = zero3.workload.block_bytes // 2  # largest layer's parameters (16-bit)
+    assert zero3.live[zero3.timeline.end_of_forward, T] >= 4 * ll  # this block and the prefetched one, gathered
+    params = planner.per_gpu(replace(base, sharding="fsdp", offload="params"))
+    assert _states(params) == (0, 16 * P // n)
+    assert params.peak_bytes < zero3.peak_bytes
+
+
+def test_single_gpu_optimizer_offload_is_zero_offload():
+    """ZeRO-Offload on one GPU (Ren et al. 2021: '10B on a single V100'): the GPU keeps the 16-bit weights and one
+    block's gradients at a time; fp32 master, Adam states and fp32 gradients (16P) go to the host."""
+    planner = Planner(GPT)
+    on_gpu = planner.per_gpu(Setup(micro_batch=1, seq=SEQ))
+    off = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, offload="optimizer"))
+    P = off.workload.trainable_params
+    assert off.live[0, W] == 2 * P and off.live[:, OPT].max() == 0 and off.host_bytes == 16 * P
+    assert off.live[:, G].max() <= off.workload.block_trainable_params * 2
+    assert off.peak_bytes < on_gpu.peak_bytes
+
+
+def test_hsdp_is_fsdp_within_a_node():
+    """HSDP on M nodes of k GPUs shards the model states as FSDP over k GPUs does (torchtitan's dp_shard x
+    dp_replicate); the global batch spans all M x k."""
+    planner = Planner(GPT)
+    hsdp = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, gpus=8, sharding="fsdp", nodes=2))
+    fsdp = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, gpus=4, sharding="fsdp"))
+    assert (hsdp.live == fsdp.live).all()
+    assert hsdp.setup.shard_gpus == 4 and hsdp.setup.batch == 8
+
+
+def test_batch_counts_data_parallel_gpus_only():
+    s = Setup.for_batch(batch=32, micro_batch=1, gpus=16, tp=4, pp=2)
+    assert (s.dp, s.grad_accum, s.batch) == (2, 16, 32)
+    assert "16 GPUs 2 ddp x tp 4 x pp 2" in s.describe()
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--gpus", "5", "--tp", "5"], "does not divide"),
+    (["--pp", "13"], "more stages than"),
+    (["--gpus", "6", "--tp", "4"], "not a multiple"),
+    (["--gpus", "8", "--nodes", "3", "--sharding", "fsdp"], "does not divide the data-parallel"),
+    (["--gpus", "8", "--nodes", "2"], "HSDP"),
+    (["--offload", "params"], "--sharding fsdp"),
+    (["--offload", "optimizer", "--task", "infer"], "infer"),
+    (["--gpus", "2", "--offload", "optimizer"], "zero2"),
+    (["--cp", "2"], "not planned"),
+])
+def test_bad_combinations_are_one_line(capsys, args, words):
+    code, out, err = run_cli(capsys, "plan", "--model", "gpt2", "--seq", "128", *args)
+    assert code == 2 and not out
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("model", "flag"), [("resnet50", "--tp"), ("resnet50", "--pp"), ("bert-base", "--tp")])
+def test_models_without_a_decoder_stack_refuse(capsys, model, flag):
+    code, _, err = run_cli(capsys, "plan", "--model", model, flag, "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_recommend_and_train_refuse_layouts(capsys):
+    code, _, err = run_cli(capsys, "recommend", "--model", "gpt2", "--tp", "2")
+    assert code == 2 and "gpuwise plan --tp 2" in err
+    code, _, err = run_cli(capsys, "train", "--pp", "2")
+    assert code == 2 and err.startswith("error: plan only")
