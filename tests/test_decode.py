@@ -127,10 +127,10 @@ def test_decode_json_carries_the_new_fields(capsys):
     assert d["kv_cache_bytes"] == kv_bytes(12, 12, 64, 101, 2) and d["weight_bytes"] > 0
     (fit,) = data["gpus"]
     assert fit["token_floor_s"] == pytest.approx((d["weight_bytes"] + d["kv_cache_bytes"]) / 1008e9, rel=1e-3)
-    code, out, err = run(capsys, "plan", "--model", "gpt2", "--task", "decode", "--context", "100", "--gpu",
-                         "rtx-4090")
+    code, out, err = run(capsys, "plan", "--model", "gpt2", "--task", "decode", "--context", "100", "--batch", "2",
+                         "--weights", "int8", "--gpu", "rtx-4090")  # the same captures, as tables
     assert code == 0, err
-    assert "token ≥" in out and "100 cached tokens" in out
+    assert "token ≥" in out and "2 sequences x 100 cached tokens" in out and "int8 in the blocks'" in out
 
 
 @pytest.mark.parametrize("args", [
@@ -147,6 +147,7 @@ def test_decode_json_carries_the_new_fields(capsys):
     ["plan", "--model", "gpt2", "--task", "infer", "--weights", "fp16"],
     ["train", "--task", "decode"],
     ["train", "--weights", "nf4"],
+    ["train", "--context", "64"],
     ["recommend", "--model", "gpt2", "--task", "decode"],
     ["recommend", "--model", "gpt2", "--tokens", "1e9", "--weights", "int4"],
 ])
@@ -164,3 +165,18 @@ def test_the_floor_is_below_a_measured_decode(gpu, measured_tok_s):
     p = plan_model("llama3-8b", Setup(task="decode", context=512, precision="bf16"), gpu=gpu)
     ratio = (1 / measured_tok_s) / p.gpus[0].token_floor_s  # measured time over the floor
     assert 1.0 < ratio < 1.3
+
+
+def test_a_sliding_window_cache_holds_its_window(tmp_path):
+    """Mistral-7B-v0.1's config.json (sliding_window 4096, 8 KV heads of 128, 32 layers): transformers' sliding layers
+    keep the last 4,095 tokens and attend over them and the new one, so 8,000 cached tokens read a 4,096-token cache:
+    2 x 32 x 8 x 128 x 4096 x 2 bytes, and the peak holds one layer's concatenation more."""
+    pytest.importorskip("transformers")
+    config = _config(tmp_path, {
+        "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "sliding_window": 4096, "tie_word_embeddings": False, "vocab_size": 32000})
+    p = plan_model(None, Setup(task="decode", context=8000, precision="bf16"), hf_config=config, gpu="rtx-4090")
+    assert p.decode.kv_cache_bytes == kv_bytes(32, 8, 128, 4096, 1)
+    assert p.breakdown["kv_cache"] < 1.05 * p.decode.kv_cache_bytes

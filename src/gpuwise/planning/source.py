@@ -473,6 +473,11 @@ def _filled_cache(model: nn.Module, batch: int, context: int):
         k, v = layer.keys, layer.values
         cache.update(k.new_empty((batch, *k.shape[1:-2], context, k.shape[-1])),
                      v.new_empty((batch, *v.shape[1:-2], context, v.shape[-1])), i)
+    for layer in cache.layers:  # a sliding layer keeps a view of its window; in a steady decode step, of window size
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.numel() * t.element_size():
+                setattr(layer, name, t.clone())
     return cache
 
 
