@@ -180,3 +180,11 @@ def test_a_sliding_window_cache_holds_its_window(tmp_path):
     p = plan_model(None, Setup(task="decode", context=8000, precision="bf16"), hf_config=config, gpu="rtx-4090")
     assert p.decode.kv_cache_bytes == kv_bytes(32, 8, 128, 4096, 1)
     assert p.breakdown["kv_cache"] < 1.05 * p.decode.kv_cache_bytes
+
+
+def test_a_model_from_a_file_has_no_decode_step(capsys, tmp_path):
+    f = tmp_path / "net.py"
+    f.write_text("import torch\nfrom torch import nn\n\ndef build(batch_size):\n"
+                 "    return nn.Linear(8, 8), torch.randn(batch_size, 8)\n")
+    code, _, err = run(capsys, "plan", "--model", f"{f}:build", "--task", "decode")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--task decode" in err
