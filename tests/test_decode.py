@@ -188,3 +188,30 @@ def test_a_model_from_a_file_has_no_decode_step(capsys, tmp_path):
                  "    return nn.Linear(8, 8), torch.randn(batch_size, 8)\n")
     code, _, err = run(capsys, "plan", "--model", f"{f}:build", "--task", "decode")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--task decode" in err
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_a_decode_step_gives_the_full_forwards_last_logits(family):
+    """Real tensors: a prefill of T tokens into a static cache of T + 1, then one step at position T, gives the logits
+    a full forward of the T + 1 tokens gives at its last position (rotary and learned positions offset, the new
+    query attending to every cached key)."""
+    import torch
+
+    from gpuwise.models.gpt import GPT, GPTConfig
+    from gpuwise.models.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    if family == "gpt":
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, vocab_size=50, block_size=32))
+        heads, hd = 2, 8
+    else:
+        model = Llama(LlamaConfig(n_layer=2, n_head=4, n_kv_head=2, dim=16, ffn_dim=32, vocab_size=50))
+        heads, hd = 2, 4
+    model.eval()
+    idx = torch.randint(50, (2, 9))
+    with torch.no_grad():
+        full = model(idx)[:, -1]
+        cache = [(torch.zeros(2, heads, 9, hd), torch.zeros(2, heads, 9, hd)) for _ in range(2)]
+        model(idx[:, :8], kv_cache=cache)
+        step = model(idx[:, 8:], kv_cache=cache, pos=8)[:, -1]
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
