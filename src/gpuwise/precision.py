@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 if TYPE_CHECKING:
     import torch
 
-Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16"]
+Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed", "bf16", "fp8", "fp8-bf16"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +63,9 @@ class PrecisionSpec:
     tf32: bool  # fp32 matmuls may run on TF32 tensor cores
     needs_bf16: bool  # refused on a device without bf16
     rate_key: str  # the catalog's peak rate that bounds the step
+    # the linear layers' matmuls in fp8 (torchao's Float8Linear, planning/float8.py); the rest of the step at
+    # ``compute``'s rate
+    float8: bool = False
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -88,6 +91,14 @@ PRECISIONS: dict[str, PrecisionSpec] = {p.name: p for p in (
                   needs_bf16=False, rate_key="fp16"),
     PrecisionSpec(name="bf16", compute="bf16", weights="bf16", autocast=False, scaler=False, tf32=False,
                   needs_bf16=True, rate_key="bf16"),
+    # float8 training as torchao runs it (torchtitan's --float8.enable_float8_linear): bf16 autocast over fp32 master
+    # weights, as bf16-mixed, with every linear layer but the head multiplying in fp8 (e4m3 forward, e5m2 gradients,
+    # tensorwise dynamic scales). fp8 is a GEMM rate, not a storage type: what backward keeps stays bf16.
+    PrecisionSpec(name="fp8", compute="bf16", weights="fp32", autocast=True, scaler=False, tf32=False,
+                  needs_bf16=True, rate_key="fp8", float8=True),
+    # the same over pure bf16 weights: also what one GPU of an FSDP2 fp8 run computes with (bf16 params gathered)
+    PrecisionSpec(name="fp8-bf16", compute="bf16", weights="bf16", autocast=False, scaler=False, tf32=False,
+                  needs_bf16=True, rate_key="fp8", float8=True),
 )}
 assert tuple(PRECISIONS) == get_args(Precision)
 

@@ -46,7 +46,9 @@ def plan(
                                                          "accumulated [--batch / --gpus, else 1].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure).")] = None,
+    precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed, bf16 (pure), fp8 "
+                                                       "(torchao float8 linear layers over bf16-mixed) or fp8-bf16 "
+                                                       "(over pure bf16).")] = None,
     optimizer: OptimizerOption = None,
     optimizer_in_backward: OptimizerInBackwardFlag = False,
     checkpointing: Annotated[str | None, typer.Option(help="none, full (recompute every block) or selective "

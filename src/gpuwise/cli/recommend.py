@@ -66,7 +66,8 @@ def recommend(
                                                    "on every row [64].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
-    precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 (pure) "
+    precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed, bf16 (pure), "
+                                                       "fp8 or fp8-bf16 (torchao float8 linear layers) "
                                                        "[each GPU's default: bf16 autocast if it has bf16].")] = None,
     checkpointing: Annotated[str | None, typer.Option(help="none, full or selective (torchtitan's op policy) "
                                                          "[none if it fits, else full].")] = None,

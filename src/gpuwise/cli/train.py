@@ -41,7 +41,8 @@ def train(
     image_size: Annotated[int | None, typer.Option(help=f"--example image: pixels per side [{IMAGE_SIZE}].")] = None,
     lr: Annotated[float | None, typer.Option(help=f"Peak learning rate {_default(TrainConfig, 'lr')}.")] = None,
     precision: Annotated[str | None, typer.Option(
-        help="fp32, tf32, bf16-mixed, fp16-mixed or bf16 \\[the device's: bf16-mixed on GPUs that have bf16, "
+        help="fp32, tf32, bf16-mixed, fp16-mixed, bf16, fp8 or fp8-bf16 (torchao float8, GPUs with fp8) "
+             "\\[the device's: bf16-mixed on GPUs that have bf16, "
              "fp16-mixed on those that do not, fp32 on CPUs].")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches "
                                                   f"{_default(TrainConfig, 'seed')}.")] = None,

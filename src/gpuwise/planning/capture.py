@@ -34,12 +34,13 @@ from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning import parallel
 from gpuwise.planning.autocast import CudaEmulation
+from gpuwise.planning.float8 import apply_float8
 from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.quantize import quantize_weights
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
 from gpuwise.planning.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
-from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks
+from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks, select_targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +234,8 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                        adapter_dtype=torch.float32 if setup.peft_qlora else setup.weight_dtype,
                        quantize_base=setup.qlora, compute_dtype=setup.compute_dtype, targets=setup.lora_targets,
                        dropout=setup.lora_dropout, depth=source.n_layer if n_layer is not None else None)
+        if setup.spec.float8:  # --precision fp8: torchao's Float8Linear for every linear layer but the head
+            apply_float8(model, setup.compute_dtype, select_targets(model, blocks, None)[2])
         if setup.training and setup.checkpointing != "none":
             if blocks is None:
                 raise NotApplicable(f"--checkpointing {setup.checkpointing}: the model has no repeated blocks (an "

@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.tracker import ATTENTION, NONE, PHASES
+from gpuwise.planning.tracker import ATTENTION, MATMUL_FP8, NONE, PHASES
 
 if TYPE_CHECKING:
     from gpuwise.planning.sharding import PerGpu
@@ -249,6 +249,15 @@ def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None, int8:
     return key, datasheet, measured, gbps_measured
 
 
+def _float8_rates(step: PerGpu, acc: Accelerator, fp8_tflops: float, measured: Calibration | None,
+                  share: float = 1.0) -> tuple[float, float | None]:
+    """--precision fp8: (fp8 GEMM rate, the rate of every other FLOP: the compute dtype's, bf16); only the linear
+    layers' ``_scaled_mm`` run at the fp8 rate (attention, the head and the rest stay in bf16)."""
+    key = step.setup.spec.compute
+    hp = (measured.tflops.get(key) if measured is not None else None) or (acc.peak_tflops.get(key) or 0) * share
+    return fp8_tflops, hp or None
+
+
 def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None,
               int8: bool = False) -> StepTime | None:
     """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, op by op, plus the exposed
@@ -286,7 +295,13 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
         n = s.shard_gpus
         flops, nbytes = np.where(opt, flops * widen / n, flops), np.where(opt, nbytes * widen / n, nbytes)
     eta = np.where(c.kind == ATTENTION, at, mm)
-    t_compute = flops / (eta * tflops * 1e12)
+    rate = tflops
+    if s.spec.float8:
+        fp8, hp = _float8_rates(step, acc, tflops, calibration if measured else None, share)
+        if hp is None:
+            return None
+        rate = np.where(c.kind == MATMUL_FP8, fp8, hp)
+    t_compute = flops / (eta * rate * 1e12)
     t_memory = np.zeros_like(nbytes) if on_chip else nbytes / (mem * gbps * 1e9)
     t_launch = np.where(c.kind == NONE, 0.0, LAUNCH_S)
     times = np.stack([t_compute, t_memory, t_launch])
@@ -350,6 +365,14 @@ def step_time_floor(step: PerGpu, accelerator: Accelerator,
         return None
     gbps = (calibration.gbps if measured else None) or accelerator.memory_bandwidth_gbps
     compute = step.workload.flops_per_step / (tflops * 1e12)
+    if step.setup.spec.float8:  # the fp8 GEMMs at the fp8 rate, every other FLOP at bf16's
+        fp8, hp = _float8_rates(step, accelerator, tflops, calibration if measured else None)
+        if hp is None:
+            return None
+        c = step.workload.costs
+        mask = c.kind == MATMUL_FP8
+        fp8_flops = float(c.flops[mask] @ c.count[mask])
+        compute = fp8_flops / (fp8 * 1e12) + max(step.workload.flops_per_step - fp8_flops, 0) / (hp * 1e12)
     memory = step.workload.bytes_per_step / (gbps * 1e9) if gbps else 0.0
     idle = 1 - (step.setup.pp - 1) / (step.setup.grad_accum + step.setup.pp - 1)  # a 1F1B pipeline's bubble
     return StepFloor(seconds=max(compute, memory) / idle, basis="measured" if measured else "datasheet")

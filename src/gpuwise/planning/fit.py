@@ -78,6 +78,7 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
     """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time floor there."""
     required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
+    no_fp8 = step.setup.spec.float8 and not acc.peak_tflops.get("fp8")  # before Ada and Hopper: no fp8 tensor cores
     floor = step_time_floor(step, acc, calibration)
     step_s, token_s = None if floor is None else floor.seconds, None
     if step.setup.task == "decode":  # one step is one token: the floor of the bytes it must read
@@ -86,6 +87,6 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
         token = decode_floor(acc, DecodeRead.of(step), calibration=calibration)
         step_s = token_s = None if token is None else token.seconds
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
-                  headroom_bytes=headroom, status=status(headroom, acc.memory_bytes),
+                  headroom_bytes=headroom, status="no" if no_fp8 else status(headroom, acc.memory_bytes),
                   max_batch=max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
                   step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s)

@@ -143,6 +143,9 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     """
     catalog = catalog or load_catalog()
     primary_acc = catalog.get(gpu or primary or DEFAULT_GPU)
+    if setup.spec.float8 and gpu and not primary_acc.peak_tflops.get("fp8"):
+        raise GpuwiseError(f"--precision fp8 needs fp8 tensor cores (Ada, Hopper or newer): {primary_acc.name} has "
+                           "none", "pass --precision bf16-mixed, or a GPU with fp8 (--gpu h100-sxm)")
     if setup.task == "decode" and setup.context is None:  # the plan names the context it chose
         source.check(setup)
         setup = replace(setup, context=source.context(setup))

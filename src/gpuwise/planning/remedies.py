@@ -146,12 +146,18 @@ def fsdp(s: Setup, gpu: Gpu) -> Setup | None:
     return None if best is None else best[0]
 
 
+def _adapter_precision(s: Setup) -> str:
+    """LoRA in the run's precision; bf16 autocast where the run trains in fp8 (torchao's float8: full training)."""
+    return "bf16-mixed" if s.spec.float8 else s.precision
+
+
 def lora(s: Setup, gpu: Gpu) -> Setup | None:
-    return replace(s, task="finetune-lora") if s.task == "train" else None
+    return replace(s, task="finetune-lora", precision=_adapter_precision(s)) if s.task == "train" else None
 
 
 def qlora(s: Setup, gpu: Gpu) -> Setup | None:
-    return replace(s, task="finetune-lora", qlora=True) if s.task == "train" else None
+    return (replace(s, task="finetune-lora", qlora=True, precision=_adapter_precision(s)) if s.task == "train"
+            else None)
 
 
 def smaller_batch(s: Setup, gpu: Gpu) -> Setup | None:

@@ -99,6 +99,10 @@ class Setup:
         _choice("sharding", self.sharding, Sharding)
         _choice("attention", self.attention, Attention)
         _choice("loss", self.loss, Loss)
+        if self.spec.float8 and self.task != "train":
+            raise GpuwiseError(f"--precision fp8 is float8 training (torchao's Float8Linear), not --task {self.task}",
+                               "use --precision bf16-mixed" + (" (--weights fp8 stores inference weights in fp8)"
+                                                               if not self.training else ""))
         if self.loss != "standard" and not self.training:
             raise GpuwiseError(f"--loss {self.loss} has no meaning for --task infer",
                                "drop --loss, or plan --task train")

@@ -57,8 +57,8 @@ def capture_setup(setup: Setup) -> Setup:
     step computes with 16-bit parameters: captured as pure bf16, fp16-mixed too (the same bytes; the run's setup,
     not this one, picks the catalog rate in the cost model)."""
     one = replace(setup, gpus=setup.tp * setup.pp * setup.cp, sharding="ddp", nodes=1, offload="none")
-    if (setup.sharding != "ddp" or setup.offload != "none") and setup.mixed:
-        return replace(one, precision="bf16")
+    if (setup.sharding != "ddp" or setup.offload != "none") and setup.mixed:  # fp8: its linears in fp8 still
+        return replace(one, precision="fp8-bf16" if setup.spec.float8 else "bf16")
     return one
 
 

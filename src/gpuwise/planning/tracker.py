@@ -66,9 +66,10 @@ _NO_FLOPS = frozenset({
 
 
 # Op kinds for the cost model: tensor-core GEMMs (matmul, conv), attention kernels (SDPA / gpuwise attention),
-# other kernels (elementwise, reductions, norms, optimizer foreach: memory-bound), and ops that launch no kernel.
-KINDS = ("matmul", "attention", "other", "none")
-MATMUL, ATTENTION, OTHER, NONE = range(4)
+# other kernels (elementwise, reductions, norms, optimizer foreach: memory-bound), ops that launch no kernel, and
+# fp8 GEMMs (``_scaled_mm``: --precision fp8's linear layers, at the catalog's fp8 rate).
+KINDS = ("matmul", "attention", "other", "none", "matmul-fp8")
+MATMUL, ATTENTION, OTHER, NONE, MATMUL_FP8 = range(5)
 PHASES = ("forward", "backward", "optimizer")
 _PHASE = {"setup": 0, "forward": 0, "backward": 1, "optimizer": 2}
 # Allocation and metadata ops: the caching allocator hands out memory without a kernel.
@@ -171,6 +172,8 @@ def op_kind(name: str, flops: int | None, namespace: str) -> int:
     rest memory-bound; allocation-only ops launch nothing."""
     if "attention" in name:
         return ATTENTION
+    if name == "_scaled_mm":
+        return MATMUL_FP8
     if flops:
         return MATMUL
     if name in _NO_KERNEL or namespace in ("prim", "profiler"):

@@ -138,15 +138,20 @@ def selective_policy(decided: Callable[[bool], None] | None = None) -> Callable:
     makes a fresh ``meta = defaultdict(int)`` per ``context_fn`` call. ``decided(saved)`` hears each decision.
 
     In a Llama block (no biases, so every linear layer is an ``mm``) the saved outputs are wq, wv, w1 and w2 (the 1st,
-    3rd, 5th and 7th mm: wq, wk, wv, wo, w1, w3, w2) and attention's output and logsumexp."""
+    3rd, 5th and 7th mm: wq, wk, wv, wo, w1, w3, w2) and attention's output and logsumexp.
+
+    Under --precision fp8 the planner's linear layers call ``_scaled_mm`` (planning/float8.py) where torchao's reach
+    the policy as an ``aten.mm`` on its float8 tensor subclass: counted and kept as one."""
     save_list = _selective_save_list()
+    matmuls = (aten.mm.default, aten._scaled_mm.default)
     counts: defaultdict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
         mode = "recompute" if ctx.is_recompute else "forward"
-        if func == aten.mm.default:
+        mm = func in matmuls
+        if mm:
             counts[mode] += 1
-        save = func in save_list and not (func == aten.mm.default and counts[mode] % 2 == 0)
+        save = (func in save_list or mm) and not (mm and counts[mode] % 2 == 0)
         if decided is not None and not ctx.is_recompute:
             decided(save)
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE

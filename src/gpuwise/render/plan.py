@@ -102,6 +102,9 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                       f"{rates}datasheet's figures; llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
         console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
+    if plan.setup.spec.float8:
+        console.print("fp8: the linear layers' GEMMs at the fp8 rate, the rest at bf16's; GPUs without fp8 tensor "
+                      "cores (before Ada and Hopper) cannot run it: 'no'")
     if plan.remedies:
         rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
                           "(LoRA from the one-GPU step); flags: all to add to your command",

@@ -45,6 +45,23 @@ def apply_checkpointing(model: nn.Module, mode: str = "full") -> None:
     wrap_blocks(blocks, selective=mode == "selective")
 
 
+def apply_float8(model: nn.Module) -> None:
+    """--precision fp8: torchao's float8 training (``convert_to_float8_training``, default recipe: tensorwise dynamic
+    scaling) on every linear layer but the output head, those with dimensions that are multiples of 16, as
+    torchtitan converts (the planner simulates the same: planning/float8.py)."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError as exc:
+        raise GpuwiseError("--precision fp8 trains with torchao's float8 linear layers, and torchao is not installed",
+                           "pip install torchao, or use --precision bf16-mixed") from exc
+    from gpuwise.planning.float8 import float8_eligible
+    from gpuwise.planning.transforms import find_blocks, select_targets
+
+    head = select_targets(model, find_blocks(model), None)[2]
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear)
+                               and float8_eligible(fqn, mod, head))
+
+
 def apply_fsdp(model: nn.Module, optimizer: torch.optim.Optimizer, spec: PrecisionSpec, *, device_type: str,
                world_size: int) -> torch.optim.Optimizer:
     """FSDP2: each block, then the root, sharded over the processes (in place); returns the optimizer rebuilt on
@@ -81,6 +98,8 @@ def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, config: Trai
                 world_size: int) -> Parallelized:
     """``config``'s checkpointing, sharding and compile applied to ``model`` (its precision must be decided)."""
     spec = PRECISIONS[config.precision]
+    if spec.float8:  # before checkpointing and sharding wrap the model, as torchtitan's converters run first
+        apply_float8(model)
     if config.checkpointing != "none":
         apply_checkpointing(model, config.checkpointing)
     if config.sharding == "fsdp" and world_size > 1:
