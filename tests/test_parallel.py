@@ -13,10 +13,8 @@ from gpuwise.models import get_model
 from gpuwise.models.gpt import GPTConfig
 from gpuwise.models.llama import LlamaConfig
 from gpuwise.planning import Setup
-from gpuwise.planning.capture import capture
 from gpuwise.planning.parallel import in_flight_micro_batches
 from gpuwise.planning.plan import Planner
-from gpuwise.planning.sharding import capture_setup
 from gpuwise.planning.source import ZooSource
 from gpuwise.planning.tracker import CATEGORIES
 
@@ -32,11 +30,14 @@ LLAMA = ZooSource(zoo=replace(get_model("llama2-7b"), name="llama-tp-test", defa
                               config=LlamaConfig(n_layer=4, n_head=HEADS, n_kv_head=4, dim=H, ffn_dim=688,
                                                  vocab_size=512)))
 
+PLANNERS = {GPT.name: Planner(GPT), LLAMA.name: Planner(LLAMA)}  # the captures, shared by the tests below
+
 
 def _block_activations(source, setup: Setup) -> int:
     """Bytes one block leaves saved at the end of forward: the 3-block capture less the 2-block one."""
-    cs = capture_setup(setup)
-    two, three = (capture(source, cs, batch=setup.micro_batch, n_layer=n) for n in (2, 3))
+    w = PLANNERS[source.name].workload(setup)
+    two, three = w.captures[0][0], w.captures[1][0]
+    assert (two.batch, three.batch) == (setup.micro_batch, setup.micro_batch)
     return int(three.live[three.end_of_forward, ACT] - two.live[two.end_of_forward, ACT])
 
 
@@ -53,8 +54,8 @@ def test_tensor_parallel_activations_follow_korthikanti_table_2(t):
 def test_tensor_parallel_shards_the_block_weights_and_the_vocabulary():
     """One rank holds 1/t of every block linear (the row-parallel biases whole: added after the all-reduce) and of
     the vocabulary-parallel embedding; GPT's learned positions and the norms stay whole."""
-    planner = Planner(GPT)
-    one, four = (planner.workload(Setup(micro_batch=1, seq=SEQ, gpus=t, tp=t)) for t in (1, 4))
+    planner = PLANNERS[GPT.name]
+    one, four = (planner.workload(Setup(micro_batch=B, seq=SEQ, precision="bf16", gpus=t, tp=t)) for t in (1, 4))
     cfg = GPT.zoo.config
     h, v, n = cfg.n_embd, cfg.vocab_size, cfg.n_layer
     split = n * (12 * h * h + 3 * h + 4 * h) // 4  # qkv, fc (weights and biases), proj and fc2 weights
@@ -85,7 +86,7 @@ def test_one_f_one_b_in_flight_counts():
 def test_first_stage_holds_every_layers_activations():
     """Korthikanti et al. sec. 4.2.3: with 1F1B the first stage holds p micro-batches of L/p layers, L layers'
     worth whatever p, plus its embedding; its head and loss are on the last stage."""
-    planner = Planner(GPT)
+    planner = PLANNERS[GPT.name]
     per_block = _block_activations(GPT, Setup(micro_batch=B, seq=SEQ, precision="bf16"))
     L = GPT.zoo.config.n_layer
     for p in (2, 4):
@@ -98,7 +99,7 @@ def test_first_stage_holds_every_layers_activations():
 def test_pipeline_stages_split_the_parameters_and_the_plan_reports_the_worst():
     """Stage 0 holds the embedding, stage p-1 the final norm and the head (GPT ties it to the embedding, so both
     stages hold a copy, as Megatron does); the plan's step is the one with the larger peak."""
-    planner = Planner(GPT)
+    planner = PLANNERS[GPT.name]
     cfg = GPT.zoo.config
     h, v = cfg.n_embd, cfg.vocab_size
     block = 12 * h * h + 13 * h
@@ -108,6 +109,33 @@ def test_pipeline_stages_split_the_parameters_and_the_plan_reports_the_worst():
     assert last.params == 2 * block + 2 * h + v * h
     worst = planner.per_gpu(base)
     assert worst.peak_bytes == max(planner.per_gpu(replace(base, stage=i)).peak_bytes for i in (0, 1))
+
+
+@pytest.mark.parametrize("source", [GPT, LLAMA], ids=["gpt", "llama-gqa"])
+def test_context_parallel_holds_one_nth_plus_the_ring_buffers(source):
+    """Ring attention (torchtitan's context_parallel): each of N ranks holds s/N tokens' activations, exactly 1/N of
+    the whole sequence's (flash attention keeps O(s) per token); its attention FLOPs are 1/N of the causal whole
+    (load-balanced); while a block's attention runs, the K and V chunk received from the previous rank is held
+    beside the rank's own, which a plain capture of s/N tokens does not have."""
+    n = 4
+    planner = PLANNERS[source.name]
+    setups = [Setup(micro_batch=B, seq=SEQ, precision="bf16", gpus=c, cp=c) for c in (1, n)]
+    w1, wn = (planner.workload(s) for s in setups)
+    whole, ring = (_block_activations(source, s) for s in setups)
+    assert ring == pytest.approx(whole / n, rel=0.005)
+    assert wn.flops_per_step * n == w1.flops_per_step and wn.tokens_per_step * n == w1.tokens_per_step
+    local = planner.workload(Setup(micro_batch=B, seq=SEQ // n, precision="bf16"))  # s/N tokens, attention alone
+
+    def attention_temporaries(w):
+        """Temporaries just after each forward flash-attention call (of the 2-block capture)."""
+        c = w.captures[0][0]
+        at = [i for i, (op, (ph, _)) in enumerate(zip(c.ops, c.labels, strict=True))
+              if ph == "forward" and op.startswith("_scaled_dot_product_flash_attention_for_cpu")]
+        return c.live[at, T].max()
+
+    dec = source.decoder
+    kv_chunk = 2 * B * dec.kv_heads * (SEQ // n) * dec.head_dim * 2  # K and V, bf16
+    assert attention_temporaries(wn) - attention_temporaries(local) >= kv_chunk
 
 
 def _states(step) -> tuple[int, int]:
@@ -123,7 +151,7 @@ def test_offload_matches_deepspeed_estimators():
     ZeRO-3 + offload_param: GPU 4LL; the host per GPU 16P/N (offload_optimizer: fp32 master, m, v, fp32 grads).
     DeepSpeed's offload_param host figure is 18P/N (a 16-bit copy too): FSDP2's CPUOffloadPolicy keeps 16P/N."""
     n = 4
-    planner = Planner(GPT)
+    planner = PLANNERS[GPT.name]
     base = Setup(micro_batch=1, seq=SEQ, gpus=n)
     P = planner.workload(replace(base, sharding="zero2", offload="optimizer")).trainable_params
     zero2 = planner.per_gpu(replace(base, sharding="zero2", offload="optimizer"))
@@ -141,7 +169,7 @@ def test_offload_matches_deepspeed_estimators():
 def test_single_gpu_optimizer_offload_is_zero_offload():
     """ZeRO-Offload on one GPU (Ren et al. 2021: '10B on a single V100'): the GPU keeps the 16-bit weights and one
     block's gradients at a time; fp32 master, Adam states and fp32 gradients (16P) go to the host."""
-    planner = Planner(GPT)
+    planner = PLANNERS[GPT.name]
     on_gpu = planner.per_gpu(Setup(micro_batch=1, seq=SEQ))
     off = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, offload="optimizer"))
     P = off.workload.trainable_params
@@ -153,7 +181,7 @@ def test_single_gpu_optimizer_offload_is_zero_offload():
 def test_hsdp_is_fsdp_within_a_node():
     """HSDP on M nodes of k GPUs shards the model states as FSDP over k GPUs does (torchtitan's dp_shard x
     dp_replicate); the global batch spans all M x k."""
-    planner = Planner(GPT)
+    planner = PLANNERS[GPT.name]
     hsdp = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, gpus=8, sharding="fsdp", nodes=2))
     fsdp = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, gpus=4, sharding="fsdp"))
     assert (hsdp.live == fsdp.live).all()
@@ -175,7 +203,7 @@ def test_batch_counts_data_parallel_gpus_only():
     (["--offload", "params"], "--sharding fsdp"),
     (["--offload", "optimizer", "--task", "infer"], "infer"),
     (["--gpus", "2", "--offload", "optimizer"], "zero2"),
-    (["--cp", "2"], "not planned"),
+    (["--cp", "3"], "equal chunks"),
 ])
 def test_bad_combinations_are_one_line(capsys, args, words):
     code, out, err = run_cli(capsys, "plan", "--model", "gpt2", "--seq", "128", *args)
@@ -183,7 +211,8 @@ def test_bad_combinations_are_one_line(capsys, args, words):
     assert words in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("model", "flag"), [("resnet50", "--tp"), ("resnet50", "--pp"), ("bert-base", "--tp")])
+@pytest.mark.parametrize(("model", "flag"), [("resnet50", "--tp"), ("resnet50", "--pp"), ("bert-base", "--tp"),
+                                           ("bert-base", "--cp")])
 def test_models_without_a_decoder_stack_refuse(capsys, model, flag):
     code, _, err = run_cli(capsys, "plan", "--model", model, flag, "2")
     assert code == 2 and len(err.strip().splitlines()) == 1

@@ -17,9 +17,13 @@ inside the fake mode, so the capture records what one rank allocates and compute
   output gradient from the next stage in backward; the last stage's starts from a received activation. Stage i
   holds ``min(N - i, micro-batches)`` micro-batches' activations at once (``in_flight``); the first stage, with the
   most in flight, or the last, with the head, is the worst, and the plan reports that one.
-- ``--cp N`` (ring attention as torchtitan runs it, Liu et al. 2023): the sequence split N ways, each rank holding
-  s / N tokens' activations; attention sees all the keys by passing K/V chunks around the ring (TODO: the K/V
-  buffers are not modelled yet: ``check`` refuses --cp).
+- ``--cp N`` (ring attention as torchtitan runs it: torch.distributed.tensor.experimental.context_parallel; Liu et
+  al. 2023): each rank holds s / N tokens (inputs, positions, every activation), and SDPA runs as the ring does:
+  N flash-attention steps against the K/V chunk received from the previous rank (a receive buffer each, K and V),
+  the first on its own chunk (causal), the others, load-balanced (head-tail sharding), on half a chunk each, the
+  partial outputs merged by their logsumexp; saved for backward: the local q, k, v, the output and the logsumexp;
+  backward passes the K/V chunks around again with their dK/dV accumulators. So attention FLOPs per rank are 1/N
+  of the whole causal attention. Under --checkpointing full the recomputed forward runs plain local attention.
 """
 
 from __future__ import annotations
@@ -65,15 +69,20 @@ def check(source, setup: Setup) -> None:
     if not setup.parallel:
         return
     flags = " ".join(f"--{k} {n}" for k, n in (("tp", setup.tp), ("pp", setup.pp), ("cp", setup.cp)) if n > 1)
-    if setup.cp > 1:
-        raise GpuwiseError(f"--cp {setup.cp}: context parallelism is not planned yet (ring attention's K/V buffers)",
-                           "drop --cp; plan the sequence on --tp/--pp, or with --checkpointing full")
     if source.n_layer is None:
         raise GpuwiseError(f"{flags} splits a stack of blocks, and {source.name} has none the planner can scale",
                            f"drop {flags}, or plan a built-in decoder or an --hf-config causal LM")
     if setup.pp > source.n_layer:
         raise GpuwiseError(f"--pp {setup.pp} is more stages than {source.name}'s {source.n_layer} layers",
                            f"pass --pp {source.n_layer} or less")
+    if setup.cp > 1:
+        seq = source.tokens(setup)
+        if source.decoder is None:
+            raise GpuwiseError(f"--cp {setup.cp} splits a causal LM's sequence; {source.name} is not one",
+                               "drop --cp, or plan a built-in GPT/Llama or an --hf-config causal LM")
+        if seq % (2 * setup.cp):
+            raise GpuwiseError(f"--cp {setup.cp} does not split --seq {seq} into 2 x {setup.cp} equal chunks "
+                               "(load-balanced ring attention)", f"pass a --seq that is a multiple of {2 * setup.cp}")
     if setup.tp > 1:
         dec = source.decoder
         if dec is None:
@@ -93,6 +102,8 @@ def rank_step(built, setup: Setup):
         shard_tensor_parallel(built.model, setup.tp)
     if setup.pp > 1:
         built = pipeline_stage(built, setup.stage or 0, setup.pp)
+    if setup.cp > 1:
+        built = context_parallel(built, setup.cp)
     return built
 
 
@@ -295,3 +306,78 @@ def layout(setup: Setup, n_layer: int | None, host_bytes: int) -> Layout:
                   in_flight=in_flight_micro_batches(setup), bubble=(setup.pp - 1) / (m + setup.pp - 1),
                   offload=setup.offload, host_bytes=host_bytes,
                   host_bytes_per_node=None if per_node is None else host_bytes * per_node)
+
+
+_aten = torch.ops.aten
+
+
+class _RingAttention(torch.autograd.Function):
+    """Causal SDPA of one rank's q, k, v chunk (B, heads, s / cp, hs) as ring attention computes it (module
+    docstring): the steps' flash-attention calls and K/V buffers are what the tracker records."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int) -> torch.Tensor:
+        out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[:2]
+        half = k.shape[2] // 2
+        for _ in range(cp - 1):
+            kb, vb = torch.empty_like(k), torch.empty_like(v)  # the chunk received from the previous rank
+            part, part_lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, kb[:, :, :half], vb[:, :, :half],
+                                                                               0.0, False)[:2]
+            out.add_(part)  # merged by their logsumexps (_SDPAMerger)
+            lse = torch.logaddexp(lse, part_lse)
+            del kb, vb, part, part_lse
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.cp = cp
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, True)
+        half = k.shape[2] // 2
+        for _ in range(ctx.cp - 1):
+            kb, vb = torch.empty_like(k), torch.empty_like(v)  # the K/V chunk going round again
+            dkb, dvb = torch.zeros_like(k), torch.zeros_like(v)  # and its gradient, accumulated on the way
+            dq_i, dk_i, dv_i = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, q, kb[:, :, :half], vb[:, :, :half], out, lse, 0.0, False)
+            dq.add_(dq_i)
+            dkb[:, :, :half].add_(dk_i)
+            dvb[:, :, :half].add_(dv_i)
+            del kb, vb, dkb, dvb, dq_i, dk_i, dv_i
+        return dq, dk, dv, None
+
+
+class _RingMode(torch.overrides.TorchFunctionMode):
+    """Runs every causal SDPA of the model as ring attention over ``cp`` ranks."""
+
+    def __init__(self, cp: int) -> None:
+        super().__init__()
+        self.cp = cp
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        extra = {**dict(zip(("attn_mask", "dropout_p", "is_causal", "scale"), args[3:], strict=False)), **kwargs}
+        if extra.get("attn_mask") is not None or not extra.get("is_causal") or extra.get("dropout_p"):
+            raise GpuwiseError(f"--cp {self.cp}: ring attention is planned for causal attention without a mask or "
+                               "dropout", "drop --cp")
+        return _RingAttention.apply(q, k, v, self.cp)
+
+
+def context_parallel(built, cp: int):
+    """``built`` as one of ``cp`` context-parallel ranks runs it: s / cp tokens, ring attention."""
+
+    def chunk(t):
+        return None if t is None else t[:, : t.shape[1] // cp].clone()
+
+    run = built.run
+
+    def run_ring(model, inputs, targets, kv_cache):
+        with _RingMode(cp):
+            return run(model, inputs, targets, kv_cache)
+
+    return replace(built, inputs=tuple(chunk(t) for t in built.inputs), targets=chunk(built.targets), run=run_ring)
+

@@ -132,7 +132,7 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     whole = None  # the blocks a whole-model capture builds: the model's own, or a pipeline stage's
     if n_layer is not None and setup.pp > 1:
         n_layer = whole = parallel.stage_layers(n_layer, setup)
-    tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum
+    tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum // setup.cp  # one GPU's: s / cp under --cp
     if n_layer is not None and n_layer > 3:
         try:
             groups = [_captures(source, setup, n, batch_model) for n in (2, 3)]

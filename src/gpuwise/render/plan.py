@@ -160,6 +160,8 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
     parts += [f"{n} {what}" for what, n in (("tensor-parallel", lay.tp), ("pipeline stages", lay.pp),
                                             ("context-parallel", lay.cp)) if n > 1]
     text = " x ".join(parts)
+    if lay.cp > 1:
+        text += f"; each GPU holds 1/{lay.cp} of every sequence (ring attention passes the K/V chunks round)"
     if lay.nodes > 1:
         text += f"; HSDP: states sharded over {lay.shard_gpus} GPUs in each of {lay.nodes} nodes, replicated across"
     if lay.tp > 1 or lay.pp > 1:
