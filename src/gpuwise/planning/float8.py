@@ -36,15 +36,14 @@ SCALED_MM_MULTIPLE = 16  # torch._scaled_mm needs both matrix dimensions to be m
 
 
 def _to_float8(x: torch.Tensor, dtype: torch.dtype, *, column_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(2-D ``x`` in fp8, laid out row- or column-major, and its fp32 inverse scale): tensorwise dynamic scaling as
-    inductor fuses torchao's ``hp_tensor_to_float8_dynamic``: one reduction for amax = max(abs(x)) (no abs(x) copy),
-    and one kernel that reads ``x`` and writes fp8 in the layout ``_scaled_mm`` wants. The simulation casts without
-    applying the scale (the values of a fake step do not matter; the bytes read and written are the same)."""
+    """(2-D ``x`` in fp8, laid out row- or column-major, and its fp32 scale): tensorwise dynamic scaling as inductor
+    fuses torchao's ``hp_tensor_to_float8_dynamic``: one reduction for amax = max(abs(x)) (no abs(x) copy), and one
+    kernel that reads ``x`` and writes fp8 in the layout ``_scaled_mm`` wants. The simulation casts without applying
+    the scale and hands ``_scaled_mm`` the amax as it (a fake step's values do not matter; its bytes and FLOPs do)."""
     amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
-    rows, cols = x.shape
-    out = torch.empty_strided((rows, cols), (1, rows) if column_major else (cols, 1), dtype=dtype, device=x.device)
-    out.copy_(x)
-    return out, amax / torch.finfo(dtype).max
+    if column_major:
+        return x.t().to(dtype, memory_format=torch.contiguous_format).t(), amax
+    return x.to(dtype, memory_format=torch.contiguous_format), amax
 
 
 class _Float8Matmul(torch.autograd.Function):
