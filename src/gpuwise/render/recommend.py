@@ -47,7 +47,7 @@ def _settings(o: Option) -> str:
         return "-"
     parts = [s.sharding] if s.gpus > 1 else []
     parts += {"full": ["ckpt"], "selective": ["sel-ckpt"]}.get(s.checkpointing, [])
-    parts += [s.spec.compute] if s.precision != "bf16-mixed" else []  # fp16 (autocast), fp32, or bf16 (pure)
+    parts += [("fp8" if s.spec.float8 else s.spec.compute)] if s.precision != "bf16-mixed" else []  # fp16, fp32, bf16
     parts.append(f"mb {s.micro_batch}" + (f"x{s.grad_accum}" if s.grad_accum > 1 else ""))
     return " ".join(parts)
 
