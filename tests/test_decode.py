@@ -215,3 +215,12 @@ def test_a_decode_step_gives_the_full_forwards_last_logits(family):
         model(idx[:, :8], kv_cache=cache)
         step = model(idx[:, 8:], kv_cache=cache, pos=8)[:, -1]
     torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_too_big_for_the_card_is_offered_quantised_weights():
+    """Llama-2-13B in bf16 (26 GB of weights) never fits a 24 GB RTX 4090; in LLM.int8 (13 GB) it decodes 8 sequences
+    of 1,024 tokens there. The remedy is a flag plan takes as printed."""
+    p = plan_model("llama2-13b", Setup(task="decode", context=1024, micro_batch=8, precision="bf16"), gpu="rtx-4090")
+    assert not p.fits
+    (r,) = p.remedies
+    assert r.flags == "--weights int8" and r.fits and r.setup.weights == "int8"

@@ -160,6 +160,15 @@ def qlora(s: Setup, gpu: Gpu) -> Setup | None:
             else None)
 
 
+def quantized_weights(s: Setup, gpu: Gpu) -> Setup | None:
+    """Inference with the blocks' linear layers in 8 bits (bitsandbytes LLM.int8) where that fits with room to spare,
+    else in 4 (NF4): weight-only quantisation as people serve on one card (planning/quantize.py)."""
+    if s.training or s.weights is not None or gpu.fit(s).fits:  # a smaller batch that fits, even tightly, is kept
+        return None
+    int8 = replace(s, weights="int8")
+    return int8 if gpu.fit(int8).status == "fits" else replace(s, weights="nf4")
+
+
 def smaller_batch(s: Setup, gpu: Gpu) -> Setup | None:
     micro = _largest_micro(s, s.micro_batch, gpu) if s.micro_batch > 1 else 0
     return replace(s, micro_batch=micro) if micro else None
@@ -185,6 +194,7 @@ TRAINING: tuple[Step, ...] = (
 )
 INFERENCE: tuple[Step, ...] = (
     Step(change=smaller_batch, name=lambda s: f"smaller batch {s.micro_batch}"),
+    Step(change=quantized_weights, name=lambda s: f"{s.weights} weights in the blocks (embeddings and head 16-bit)"),
 )
 
 
