@@ -4,6 +4,9 @@ how many sequences fit. Plain numbers in (a zoo model's or an HF config's dimens
 Each decode step reads every active weight once and each sequence's KV cache (recommend-watch-anchors A4):
 ``t = (W_active + B x KV(S)) / (eta x bandwidth) + c``, unless ``2 x N_active x B`` FLOPs at the matmul rate take
 longer. KV(S) = 2 x layers x kv_heads x head_dim x S x bytes (PagedAttention §3.1, as quoted in vllm#22291).
+``roofline`` is that decision, in one place: ``decode_time`` feeds it these formulas at the achieved bandwidth and
+rate (fitted below), ``decode_floor`` feeds it what a captured step reads (``gpuwise plan --task decode``) at the
+datasheet's figures, for the per-token floor the plan prints.
 
 >>> kv_bytes_per_token(layers=32, kv_heads=32, head_dim=128)    # Llama-2-7B, fp16 cache
 524288
