@@ -224,7 +224,7 @@ def comm_bytes(step: PerGpu) -> tuple[float, float]:
     the 16-bit parameters in forward and again in backward on every micro-batch and reduce-scatters the
     gradients (fp32 under mixed precision, training/parallelize.py) once per step: 1.5x DDP in one dtype."""
     s = step.setup
-    n = s.dp  # the data-parallel group; tensor and pipeline-parallel traffic is not timed (planning/parallel.py)
+    n = s.dp * s.cp  # the gradient-reducing group; tensor, pipeline and ring traffic is not timed (parallel.py)
     if n == 1 or not s.training:
         return 0.0, 0.0
     w = step.workload

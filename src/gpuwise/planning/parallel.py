@@ -23,7 +23,8 @@ inside the fake mode, so the capture records what one rank allocates and compute
   the first on its own chunk (causal), the others, load-balanced (head-tail sharding), on half a chunk each, the
   partial outputs merged by their logsumexp; saved for backward: the local q, k, v, the output and the logsumexp;
   backward passes the K/V chunks around again with their dK/dV accumulators. So attention FLOPs per rank are 1/N
-  of the whole causal attention. Under --checkpointing full the recomputed forward runs plain local attention.
+  of the whole causal attention. The model states shard over the data- and context-parallel ranks together
+  (torchtitan's ``dp_shard_cp`` mesh: context-parallel ranks hold the same parameters).
 """
 
 from __future__ import annotations
@@ -368,16 +369,20 @@ class _RingMode(torch.overrides.TorchFunctionMode):
 
 
 def context_parallel(built, cp: int):
-    """``built`` as one of ``cp`` context-parallel ranks runs it: s / cp tokens, ring attention."""
+    """``built`` as one of ``cp`` context-parallel ranks runs it: s / cp tokens, ring attention in every block (its
+    forward wrapped, so a checkpointed block's recomputation runs the ring again)."""
+    from gpuwise.planning.transforms import find_blocks
+
+    for block in find_blocks(built.model) or ():
+        inner = block.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            with _RingMode(cp):
+                return _inner(*args, **kwargs)
+
+        block.forward = forward
 
     def chunk(t):
         return None if t is None else t[:, : t.shape[1] // cp].clone()
 
-    run = built.run
-
-    def run_ring(model, inputs, targets, kv_cache):
-        with _RingMode(cp):
-            return run(model, inputs, targets, kv_cache)
-
-    return replace(built, inputs=tuple(chunk(t) for t in built.inputs), targets=chunk(built.targets), run=run_ring)
-
+    return replace(built, inputs=tuple(chunk(t) for t in built.inputs), targets=chunk(built.targets))

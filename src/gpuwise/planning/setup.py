@@ -221,8 +221,9 @@ class Setup:
 
     @property
     def shard_gpus(self) -> int:
-        """The GPUs the model states are sharded over: the data-parallel group, within a node under HSDP."""
-        return self.dp // self.nodes
+        """The GPUs the model states are sharded over: the data-parallel group (with the context-parallel ranks,
+        which hold the same parameters: torchtitan's ``dp_shard_cp`` mesh), within a node under HSDP."""
+        return self.dp // self.nodes * self.cp
 
     @property
     def parallel(self) -> bool:

@@ -70,7 +70,7 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
     mode = setup.sharding
     if setup.offload == "optimizer" and mode == "ddp":
         mode = "zero2"  # ZeRO-Offload on one GPU: DeepSpeed's stage 2 over one rank
-    if not setup.training or (mode == "ddp" and setup.dp == 1):
+    if not setup.training or (mode == "ddp" and setup.dp * setup.cp == 1):  # context-parallel ranks reduce too
         return tl, 0
     half = setup.compute_dtype.itemsize
     widen = 4 / half if setup.mixed and mode != "ddp" else 1.0  # 16-bit capture -> fp32 states
