@@ -51,6 +51,18 @@ def test_tensor_parallel_activations_follow_korthikanti_table_2(t):
     assert _block_activations(GPT, setup) == pytest.approx(expected, rel=0.005)
 
 
+@pytest.mark.parametrize("t", [2, 4])
+def test_sequence_parallel_splits_the_norms_and_residual_stream(t):
+    """Tensor + sequence parallelism as torchtitan's TP plan runs it (SequenceParallel norms; PrepareModuleInput
+    all-gathers the attention's and MLP's input, which F.linear then saves whole): of Korthikanti's terms only the
+    two gathered linear inputs (2sbh each) stay whole: sbh(4 + 28/t). Megatron saves the shard and gathers it again
+    in backward (Table 2's TP + SP row, 34/t with dropout, 32/t without)."""
+    setup = Setup(micro_batch=B, seq=SEQ, precision="bf16", gpus=t, tp=t, sp=True)
+    sbh = SEQ * B * H
+    expected = sbh * (4 + 28 / t) + 4 * HEADS * SEQ * B / t
+    assert _block_activations(GPT, setup) == pytest.approx(expected, rel=0.005)
+
+
 def test_tensor_parallel_shards_the_block_weights_and_the_vocabulary():
     """One rank holds 1/t of every block linear (the row-parallel biases whole: added after the all-reduce) and of
     the vocabulary-parallel embedding; GPT's learned positions and the norms stay whole."""
@@ -219,6 +231,7 @@ def test_batch_counts_data_parallel_gpus_only():
     (["--offload", "optimizer", "--task", "infer"], "infer"),
     (["--gpus", "2", "--offload", "optimizer"], "zero2"),
     (["--cp", "3"], "equal chunks"),
+    (["--sequence-parallel"], "--tp"),
 ])
 def test_bad_combinations_are_one_line(capsys, args, words):
     code, out, err = run_cli(capsys, "plan", "--model", "gpt2", "--seq", "128", *args)

@@ -49,6 +49,8 @@ TpOption = Annotated[int | None, typer.Option("--tp", help=(
     "vocabulary split) [1]."))]
 PpOption = Annotated[int | None, typer.Option("--pp", help=(
     "Pipeline stages, 1F1B schedule (--batch / --micro-batch micro-batches); the plan is the worst stage's [1]."))]
+SequenceParallelFlag = Annotated[bool, typer.Option("--sequence-parallel", help=(
+    "With --tp: norms and the residual stream split along the sequence too, as torchtitan's TP plan runs them."))]
 CpOption = Annotated[int | None, typer.Option("--cp", help="Context-parallel GPUs (ring attention) [1].")]
 NodesOption = Annotated[int | None, typer.Option("--nodes", help=(
     "Nodes the --gpus span, for HSDP: --sharding fsdp shards within a node and replicates across nodes [1]."))]

@@ -23,6 +23,7 @@ from gpuwise.cli._app import (
     PpOption,
     QloraFlag,
     QloraRecipeOption,
+    SequenceParallelFlag,
     TpOption,
     WeightsOption,
     app,
@@ -68,6 +69,7 @@ def plan(
                                                        "built-in GPT and Llama models.")] = None,
     loss: LossOption = None,
     tp: TpOption = None,
+    sequence_parallel: SequenceParallelFlag = False,
     pp: PpOption = None,
     cp: CpOption = None,
     nodes: NodesOption = None,
@@ -114,7 +116,7 @@ def plan(
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     given |= {"context": context, "weights": weights}
     given |= {"loss": loss}
-    given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload}
+    given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload, "sp": sequence_parallel or None}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or (tp or 1) * (pp or 1) * (cp or 1),
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})

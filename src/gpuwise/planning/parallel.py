@@ -11,6 +11,11 @@ inside the fake mode, so the capture records what one rank allocates and compute
   vocabulary-parallel (vocab / N rows each, ``ceil``), as Megatron and torchtitan (``loss_parallel``) run them:
   the logits and the cross-entropy's fp32 copies are vocab / N wide, which at a 128k vocabulary is most of the
   step's temporaries. Learned positions (GPT's ``wpe``) stay replicated.
+  With ``sp`` (sequence parallelism, as torchtitan's TP plan runs it: SequenceParallel norms, PrepareModuleInput
+  all-gathers): between the attention and MLP the residual stream, the norms and their saved inputs are s / N tokens;
+  each all-gathers its input (saved whole by the column-parallel linears, as DTensor's all-gather feeds F.linear)
+  and reduce-scatters its output. Per GPT layer without dropout, flash attention: sbh(4 + 28/t) bytes, where
+  Megatron's own SP, which saves the shard and gathers again in backward, keeps Korthikanti's sbh(32/t).
 - ``--pp N`` with the 1F1B schedule (Narayanan et al. 2021): a stage holds ``layers / N`` blocks; the first also the
   embedding, the last the final norm, the head and the loss. A stage's output is sent on and its tensor freed
   (Megatron's ``deallocate_output_tensor``): the first stage's capture stops after its last block and takes its
@@ -101,6 +106,8 @@ def rank_step(built, setup: Setup):
     """``built`` (a source's Built, inside the fake mode) cut to what one GPU of ``setup`` runs."""
     if setup.tp > 1:
         shard_tensor_parallel(built.model, setup.tp)
+        if setup.sp:
+            sequence_parallel(built.model, setup.tp)
     if setup.pp > 1:
         built = pipeline_stage(built, setup.stage or 0, setup.pp)
     if setup.cp > 1:
@@ -176,6 +183,82 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
     config = getattr(model, "config", None)  # transformers' loss views the logits by config.vocab_size
     if rows is not None and config is not None and isinstance(getattr(config, "vocab_size", None), int):
         config.vocab_size = rows
+
+
+SUBLAYERS = frozenset({"attention", "feed_forward", "attn", "mlp", "self_attn"})  # what runs on the whole sequence
+
+
+class _Gather(torch.autograd.Function):
+    """All-gather along the sequence (dim 1); backward reduce-scatters the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, t: int) -> torch.Tensor:
+        ctx.t = t
+        return x.new_empty((x.shape[0], x.shape[1] * t, *x.shape[2:]))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.new_empty((grad.shape[0], grad.shape[1] // ctx.t, *grad.shape[2:])), None
+
+
+class _Scatter(torch.autograd.Function):
+    """Reduce-scatter along the sequence (dim 1); backward all-gathers the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, t: int) -> torch.Tensor:
+        ctx.t = t
+        return x.new_empty((x.shape[0], x.shape[1] // t, *x.shape[2:]))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.new_empty((grad.shape[0], grad.shape[1] * ctx.t, *grad.shape[2:])), None
+
+
+def _first_tensor(args, kwargs, change):
+    """``args`` and ``kwargs`` with the hidden states (the first positional, else ``hidden_states``) changed."""
+    if args:
+        return (change(args[0]), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": change(kwargs["hidden_states"])}
+
+
+def sequence_parallel(model: nn.Module, tp: int) -> None:
+    """The residual stream between the blocks' attention and MLP split ``tp`` ways along the sequence (module
+    docstring), in place: the first block scatters its input, the last gathers its output for the head."""
+    from gpuwise.planning.transforms import find_blocks
+
+    blocks = find_blocks(model) or []
+    for block in blocks:
+        for name, sub in block.named_children():
+            if name not in SUBLAYERS:
+                continue
+
+            def forward(*args, _inner=sub.forward, **kwargs):
+                args, kwargs = _first_tensor(args, kwargs, lambda x: _Gather.apply(x, tp))
+                out = _inner(*args, **kwargs)
+                if isinstance(out, tuple):
+                    return (_Scatter.apply(out[0], tp), *out[1:])
+                return _Scatter.apply(out, tp)
+
+            sub.forward = forward
+    if not blocks:
+        return
+    first, last = blocks[0], blocks[-1]
+    inner_first = first.forward
+
+    def scatter_in(*args, **kwargs):
+        args, kwargs = _first_tensor(args, kwargs, lambda x: _Scatter.apply(x, tp))
+        return inner_first(*args, **kwargs)
+
+    first.forward = scatter_in
+    inner_last = last.forward
+
+    def gather_out(*args, **kwargs):
+        out = inner_last(*args, **kwargs)
+        if isinstance(out, tuple):
+            return (_Gather.apply(out[0], tp), *out[1:])
+        return _Gather.apply(out, tp)
+
+    last.forward = gather_out
 
 
 class _StageEnd(Exception):

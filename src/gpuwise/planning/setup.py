@@ -87,6 +87,7 @@ class Setup:
     tp: int = 1  # tensor parallel: Megatron's column/row-parallel block, heads and vocabulary split tp ways
     pp: int = 1  # pipeline parallel, 1F1B: each stage holds layers / pp blocks, stage i keeps pp - i micro-batches
     cp: int = 1  # context parallel: ring attention over the sequence split cp ways
+    sp: bool = False  # sequence parallel with --tp: norms and the residual stream split along the sequence too
     nodes: int = 1  # HSDP: --sharding fsdp shards within each node and replicates across nodes
     offload: Offload = "none"  # model states in host memory: the optimizer's (ZeRO-Offload), or all (FSDP2)
     stage: int | None = None  # the pipeline stage a capture is of; None: the worst one (the planner picks it)
@@ -189,6 +190,8 @@ class Setup:
             _positive(name, getattr(self, name), 1 << 12)
         _choice("offload", self.offload, Offload)
         data_parallel(self.gpus, self.tp, self.pp, self.cp)
+        if self.sp and self.tp == 1:
+            raise GpuwiseError("--sequence-parallel splits the sequence over the --tp group", "add --tp N")
         if self.stage is not None and not 0 <= self.stage < self.pp:
             raise ValueError(f"stage {self.stage} is outside 0..{self.pp - 1}")  # the planner's, never the user's
         if self.nodes > 1:
@@ -329,7 +332,8 @@ class Setup:
             data = [f"{self.dp} {self.sharding}" + (f" (HSDP: {self.nodes} nodes x {self.shard_gpus})"
                                                     if self.nodes > 1 else "")] if self.dp > 1 else []
             parts.append(f"{self.gpus} GPUs " + " x ".join(
-                data + [f"{k} {n}" for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1]))
+                data + [f"{k} {n}" + (" (+sp)" if k == "tp" and self.sp else "")
+                        for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1]))
         if self.offload != "none":
             parts.append(f"{self.offload} offloaded to the host")
         if self.loss != "standard":
