@@ -116,12 +116,11 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
         for r in plan.remedies:
             rem.add_row(r.name, r.flags, human_bytes(r.required_bytes), Text(r.status, style=_FIT_STYLE[r.status]))
         console.print(rem)
-    elif not plan.fits:
-        if s.training:
-            console.print(f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
-        else:
-            console.print(f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than "
-                          "it has" + ("" if s.quantized else " (try --weights int8, int4 or nf4)"))
+    elif not plan.fits and s.training:
+        console.print(f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
+    if not plan.fits and not s.training and not any(r.fits for r in plan.remedies):
+        console.print(f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than it has"
+                      + ("" if s.quantized or plan.remedies else " (try --weights int8, int4 or nf4)"))
 
 
 def _decode_rows(plan: MemoryPlan, head: Table) -> None:
