@@ -101,16 +101,17 @@ def mixed_precision(s: Setup, gpu: Gpu) -> Setup | None:
 
 def checkpointing(s: Setup, gpu: Gpu) -> Setup | None:
     """Selective checkpointing (torchtitan's op policy) where it fits with room to spare: it recomputes less than
-    whole blocks, so it runs faster; else every block whole."""
+    whole blocks, so it runs faster; else every block whole. Selective keeps at least what full keeps, so it is
+    captured only when full checkpointing fits with room."""
     if s.checkpointing != "none":
         return None
-    selective = replace(s, checkpointing="selective")
+    full, selective = replace(s, checkpointing="full"), replace(s, checkpointing="selective")
     try:
-        if gpu.fit(selective).status == "fits":
+        if gpu.fit(full).status == "fits" and gpu.fit(selective).status == "fits":
             return selective
     except NotApplicable:
         pass
-    return replace(s, checkpointing="full")
+    return full
 
 
 def accumulation(s: Setup, gpu: Gpu) -> Setup | None:
