@@ -165,6 +165,20 @@ def test_context_parallel_shards_states_with_the_data_parallel_ranks():
     assert eof[1] == pytest.approx(eof[0], rel=0.01)
 
 
+def test_fsdp_under_pipeline_keeps_the_stage_gathered():
+    """torchtitan's reshard_after_forward_policy "default" with PP (torchtitan/models/llama3/infra/parallelize.py:
+    "For PP, do not reshard after forward to avoid per-microbatch all-gathers") and pipelining's gradient sync on
+    the last micro-batch only: the stage's bf16 parameters (2P) and its unsharded fp32 gradients (4P) on top of
+    the 16P/N shard."""
+    n = 4
+    step = PLANNERS[GPT.name].per_gpu(Setup(micro_batch=1, grad_accum=2, seq=SEQ, gpus=2 * n, pp=2, stage=0,
+                                            sharding="fsdp"))
+    P = step.workload.trainable_params
+    eof = step.live[step.timeline.end_of_forward]
+    assert eof[W] == 2 * P + 4 * P // n and eof[OPT] == 8 * P // n
+    assert step.live[:, G].max() == 4 * P  # accumulated unsharded until the last micro-batch's backward
+
+
 def _states(step) -> tuple[int, int]:
     """Model-state bytes on the GPU at the start of forward (weights + gradients + optimizer), and on the host."""
     first = step.live[0]

@@ -29,6 +29,9 @@ Offload (``--offload``, host memory reported apart: ``PerGpu.host_bytes``, per G
   gradients and states all on the host; the GPU holds the gathered blocks (and one block's gradients)
   only. DeepSpeed: GPU 4LL, host 18P/N (it keeps a 16-bit copy of the parameters there too; FSDP2
   keeps the fp32 shard only: 16P/N).
+FSDP under pipeline parallelism runs as torchtitan runs it (``reshard_after_forward_policy`` "default" with PP):
+the stage's 16-bit parameters are gathered once and kept through every micro-batch, and the gradients accumulate
+unsharded (fp32 under mixed precision) until the last micro-batch's backward reduce-scatters them.
 HSDP (``--nodes M`` with fsdp): the states shard over the GPUs of one node's data-parallel group
 (``Setup.shard_gpus``) and are replicated across nodes: per GPU what FSDP over that group holds.
 Tensor, pipeline and context parallelism change the capture itself (planning/parallel.py); the
@@ -98,11 +101,18 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
             if mode == "zero2":
                 x[:, G] /= n
         else:  # fsdp: frozen weights (LoRA's base) keep their dtype, trainable ones get an fp32 master
+            unsharded = x[:, W].copy()  # the 16-bit parameters as captured
             x[:, W] = (x[:, W] + constant * trainable_params * (widen - 1) * half) / n
             x[:, G] *= widen / n
             x[:, OPT] *= widen_states / n
-            x[~opt, T] += constant * 2 * block_bytes  # this block and the prefetched one, gathered
             x[phases == "backward", T] += constant * block_trainable_params * (4 if setup.mixed else half)
+            if setup.pp > 1:  # torchtitan under PP: no reshard after forward, gradients reduced after the last
+                # micro-batch (pipelining's backward_maybe_with_nosync): the stage's 16-bit parameters stay gathered
+                # through the step, its gradients accumulate unsharded in the reduce dtype
+                x[~opt, W] += unsharded[~opt]
+                x[~opt, G] *= n
+            else:
+                x[~opt, T] += constant * 2 * block_bytes  # this block and the prefetched one, gathered
         if setup.offload == "optimizer":  # states and master on the host; gradients leave block by block
             if mode == "fsdp":
                 x[:, W] -= constant * trainable_params * (widen - 1) * half / n  # no fp32 master on the GPU
