@@ -245,7 +245,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             # selective policy keeps is held by the checkpoint, not autograd: tagged as activations here.
             apply_checkpointing(blocks, lambda: _emulation(setup, device, autocast=mixed, cache=False),
                                 selective=setup.checkpointing == "selective",
-                                on_saved=lambda out: tracker.tag(tree_leaves(out), "activations"))
+                                on_saved=lambda out: tracker.tag(tree_leaves(out), "activations"), allow_mutation=True)
         if setup.quantized:  # --weights: the blocks' linear layers as the serving library stores them
             quantize_weights(blocks, setup.weights, setup.compute_dtype, model_name=source.name)
         if not setup.training:

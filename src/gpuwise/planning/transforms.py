@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import inspect
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -190,20 +191,25 @@ def _entered(*contexts: AbstractContextManager) -> Iterator[None]:
 
 
 def apply_checkpointing(blocks: nn.ModuleList, recompute_context: Callable[[], AbstractContextManager] | None = None,
-                        *, selective: bool = False, on_saved: Callable[[object], None] | None = None) -> None:
+                        *, selective: bool = False, on_saved: Callable[[object], None] | None = None,
+                        allow_mutation: bool = False) -> None:
     """Recompute every block in backward (non-reentrant ``torch.utils.checkpoint``): only each block's input is
     kept, or with ``selective`` also the outputs torchtitan's op-level policy saves (``selective_policy``).
 
     ``recompute_context`` makes the context the recomputation runs in (the planner's autocast); ``on_saved`` is
-    handed each output the selective policy keeps (the planner tags them as activations).
+    handed each output the selective policy keeps (the planner tags them as activations); ``allow_mutation`` lets a
+    simulated step update in place what the policy cached (the planner's ring attention under --cp accumulates into
+    buffers; a simulated step's values do not matter), where torch has the switch (``allow_cache_entry_mutation``).
     """
+    mutation = ({"allow_cache_entry_mutation": True} if allow_mutation and "allow_cache_entry_mutation"
+                in inspect.signature(create_selective_checkpoint_contexts).parameters else {})
 
     def contexts():
         recompute = recompute_context() if recompute_context is not None else contextlib.nullcontext()
         if not selective:
             return contextlib.nullcontext(), recompute
         saved = _SavedOutputs(on_saved) if on_saved is not None else None
-        forward, cached = create_selective_checkpoint_contexts(selective_policy(saved and saved.decided))
+        forward, cached = create_selective_checkpoint_contexts(selective_policy(saved and saved.decided), **mutation)
         return (_entered(forward, saved) if saved is not None else forward), _entered(recompute, cached)
 
     plain = recompute_context is None and not selective
