@@ -129,3 +129,13 @@ def test_bad_combinations_are_one_line(capsys, tmp_path, args, message):
     flat.write_text("import torch\n\ndef build(batch):\n    return torch.nn.Linear(8, 8), (torch.randn(batch, 8),)\n")
     code, _, err = run_cli(capsys, "plan", *(a.format(flat=f"{flat}:build") for a in args))
     assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("error: "), err
+
+
+def test_with_context_parallelism():
+    """Under --cp the planner's ring attention updates buffers in place that the policy cached: the capture allows it
+    (a simulated step's values do not matter), and the order none > selective > full holds."""
+    held = {}
+    for ck in ("none", "selective", "full"):
+        c = capture(TINY, Setup(micro_batch=B, seq=S, optimizer="sgd", checkpointing=ck, gpus=2, cp=2), batch=B)
+        held[ck] = int(c.live[c.end_of_forward, [ACT, TEMP]].sum())
+    assert held["none"] > held["selective"] > held["full"], held
