@@ -4,6 +4,7 @@ DeepSpeed's ZeRO estimators for offload, FSDP over one node for HSDP. Tiny model
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -233,6 +234,20 @@ def test_batch_counts_data_parallel_gpus_only():
     s = Setup.for_batch(batch=32, micro_batch=1, gpus=16, tp=4, pp=2)
     assert (s.dp, s.grad_accum, s.batch) == (2, 16, 32)
     assert "16 GPUs 2 ddp x tp 4 x pp 2" in s.describe()
+
+
+def test_plan_shows_the_layout_and_host_memory(capsys):
+    """--json carries host_bytes and the layout; the table names the host RAM offload needs."""
+    args = ["plan", "--model", "gpt2", "--seq", "64", "--gpus", "4", "--sharding", "fsdp", "--offload", "params",
+            "--nodes", "2", "--gpu", "h100"]
+    code, out, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    lay = data["layout"]
+    assert data["host_bytes"] == lay["host_bytes"] == 16 * data["trainable_params"] // 2  # sharded over 2 in a node
+    assert (lay["shard_gpus"], lay["nodes"], lay["host_bytes_per_node"]) == (2, 2, 2 * lay["host_bytes"])
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0 and "host memory" in out and "HSDP" in out
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -162,7 +162,8 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
     if lay.cp > 1:
         text += f"; each GPU holds 1/{lay.cp} of every sequence (ring attention passes the K/V chunks round)"
     if lay.nodes > 1:
-        text += f"; HSDP: states sharded over {lay.shard_gpus} GPUs in each of {lay.nodes} nodes, replicated across"
+        text += (f"; HSDP: states sharded over {lay.shard_gpus} GPU{'s' if lay.shard_gpus > 1 else ''} in each of "
+                 f"{lay.nodes} nodes, replicated across")
     if lay.tp > 1 or lay.pp > 1:
         text += "; parameters and memory are one GPU's (heads, MLP and vocabulary split --tp ways)" if lay.tp > 1 \
             else "; parameters and memory are one GPU's"
