@@ -233,7 +233,7 @@ def test_hsdp_is_fsdp_within_a_node():
 def test_batch_counts_data_parallel_gpus_only():
     s = Setup.for_batch(batch=32, micro_batch=1, gpus=16, tp=4, pp=2)
     assert (s.dp, s.grad_accum, s.batch) == (2, 16, 32)
-    assert "16 GPUs 2 ddp x tp 4 x pp 2" in s.describe()
+    assert "16 GPUs: ddp 2 x tp 4 x pp 2" in s.describe() and "x 2 data-parallel groups)" in s.describe()
 
 
 def test_plan_shows_the_layout_and_host_memory(capsys):

@@ -308,8 +308,9 @@ class Setup:
         return cls(micro_batch=micro, grad_accum=batch // (micro * dp), gpus=gpus, **rest)
 
     def describe(self) -> str:
-        split = [f"micro-batch {self.micro_batch}"] + ([f"{self.grad_accum} accumulation"] if self.grad_accum > 1
-                                                       else []) + ([f"{self.dp} GPUs"] if self.dp > 1 else [])
+        replicas = f"{self.dp} GPUs" if self.dp == self.gpus else f"{self.dp} data-parallel groups"
+        split = ([f"micro-batch {self.micro_batch}"] + ([f"{self.grad_accum} accumulation"] if self.grad_accum > 1
+                                                        else []) + ([replicas] if self.dp > 1 else []))
         parts = [self.task, f"batch {self.batch}" + (f" ({' x '.join(split)})" if len(split) > 1 else "")]
         parts.append(self.precision)
         if self.training:
@@ -329,11 +330,14 @@ class Setup:
         if self.quantized:
             parts.append(f"{self.weights} weights")
         if self.gpus > 1:
-            data = [f"{self.dp} {self.sharding}" + (f" (HSDP: {self.nodes} nodes x {self.shard_gpus})"
-                                                    if self.nodes > 1 else "")] if self.dp > 1 else []
-            parts.append(f"{self.gpus} GPUs " + " x ".join(
-                data + [f"{k} {n}" + (" (+sp)" if k == "tp" and self.sp else "")
-                        for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1]))
+            hsdp = f" (HSDP: {self.nodes} nodes x {self.shard_gpus})" if self.nodes > 1 else ""
+            model = [f"{k} {n}" + (" (+sp)" if k == "tp" and self.sp else "")
+                     for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1]
+            if not model:  # data parallel only: "8 GPUs fsdp"
+                parts.append(f"{self.gpus} GPUs {self.sharding}{hsdp}")
+            else:  # "16 GPUs: fsdp 2 x tp 8"
+                data = [f"{self.sharding} {self.dp}{hsdp}"] if self.dp > 1 else []
+                parts.append(f"{self.gpus} GPUs: " + " x ".join(data + model))
         if self.offload != "none":
             parts.append(f"{self.offload} offloaded to the host")
         if self.loss != "standard":
