@@ -14,7 +14,7 @@ import torch
 from gpuwise.errors import GpuwiseError
 from gpuwise.ops import BlockMask, attention
 from gpuwise.ops.attention import reference, uses_kernel
-from gpuwise.ops.block_mask import EMPTY, FULL, PARTIAL
+from gpuwise.ops.block_mask import EMPTY, FULL, PARTIAL, causal_variant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HAS_KERNEL = uses_kernel(torch.empty(1, 1, 1, 64, device=DEVICE))
@@ -159,7 +159,8 @@ def _compare(q, k, v, mask, *, causal=False):
     scale = q.shape[-1] ** -0.5
     full = mask
     if causal:
-        c = BlockMask.causal(q.shape[2], k.shape[2], block_size=mask.block_size if mask else 128)
+        c = BlockMask.causal(q.shape[2], k.shape[2], block_size=mask.block_size if mask else 128,
+                             variant=causal_variant(causal))
         full = c if mask is None else mask & c
     dense = None if full is None else full.to_dense()
     do = torch.randn_like(q)
@@ -428,3 +429,185 @@ def test_kernel_status_on_a_cpu_without_the_interpreter():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == ("(False, 'torch sees no CUDA GPU (TRITON_INTERPRET=1 runs the kernels "
                                    "interpreted on the CPU)') False")
+
+
+# -- issue 15: lower-right causal, SDPA's scale and empty inputs, the PyTorch path on SDPA ------------------
+
+
+def _f64(b, h, hk, sq, sk, d=64, seed=0):
+    """float64 leaves on the CPU: the PyTorch path whatever Triton does (no kernel for fp64)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+            for shape in ((b, h, sq, d), (b, hk, sk, d), (b, hk, sk, d))]
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(1, 200), (70, 200), (150, 100), (100, 100), (3, 130)])
+def test_lower_right_causal_mask_is_torchs(sq, sk):
+    """torch's causal_lower_right is ``ones(sq, sk).tril(sk - sq)`` (its docstring); tables rebuild it too."""
+    m = BlockMask.causal(sq, sk, block_size=64, variant="lower_right")
+    expected = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    assert torch.equal(m.to_dense()[0], expected)
+    assert np.array_equal(_rebuilt(m)[0], expected.numpy())
+    assert BlockMask.causal(1, 4096, variant="lower_right").sparsity == 0.0  # a decode step sees every key
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(1, 50), (20, 50), (50, 50), (50, 20)])
+def test_lower_right_on_the_pytorch_path_is_sdpa_with_causal_bias(sq, sk):
+    from torch.nn.attention.bias import CausalVariant, causal_lower_right
+
+    q, k, v = _f64(2, 4, 2, sq, sk)
+    out = attention(q, k, v, causal="lower_right")
+    dense = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    ref = reference(q, k, v, dense[None], 0.125)  # rows with no key (sq > sk): zeros, as FlashAttention
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert torch.equal(attention(q, k, v, causal=CausalVariant.LOWER_RIGHT), out)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v)),
+                                                                  strict=True))
+    if sq <= sk:  # torch warns that its bias gives NaN rows past that
+        bias = causal_lower_right(sq, sk)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+        assert torch.allclose(out, sdpa, atol=1e-12)
+    else:
+        assert torch.all(out[:, :, :sq - sk] == 0) and torch.all(grads[0][:, :, :sq - sk] == 0)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("dtype", "shape", "mask"), [
+    (torch.float16, (1, 2, 1, 70, 200), None),
+    (torch.float32, (1, 2, 2, 1, 130), None),  # one decoded token over a cache
+    (torch.bfloat16, (1, 2, 1, 150, 90), None),  # more queries than keys: the first 60 rows see nothing
+    (torch.float32, (2, 2, 1, 100, 180),
+     BlockMask.from_dense(np.random.default_rng(1).random((2, 3)) < 0.7, 64, seq_q=100, seq_k=180)),
+], ids=["fp16", "decode", "bf16-sq>sk", "block-mask"])
+def test_kernel_lower_right_forward_and_backward_against_float64(dtype, shape, mask):
+    b, h, hk, sq, sk = shape
+    _compare(*_qkv(b, h, hk, sq, sk, 64, dtype, seed=6), mask, causal="lower_right")
+
+
+@pytest.mark.parametrize(("causal", "message"), [
+    ("bottom-rigth", "causal='bottom-rigth' is not True, False, 'upper_left' or 'lower_right' (hint: did you mean "
+                     "causal='lower_right'?)"),
+    ("yes", "causal='yes' is not True"),
+    (1, "causal=1 is not True"),
+])
+def test_bad_causal_values_are_one_line_errors(causal, message):
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(GpuwiseError) as info:
+        attention(q, q, q, causal=causal)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    assert attention(q, q, q, causal="bottom_right").shape == q.shape  # FlashAttention's word is understood
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.3), np.float64(0.3), np.int64(1), torch.tensor(0.3),
+                                   torch.tensor(0.3, dtype=torch.float64), np.array(0.3)],
+                         ids=["np.float32", "np.float64", "np.int64", "tensor", "tensor64", "ndarray-0d"])
+def test_scale_as_sdpa_takes_it_on_both_paths(scale):
+    as_float = float(scale.item() if hasattr(scale, "item") else scale)
+    for q, k, v in (_qkv(1, 2, 1, 20, 20, 64, torch.float32), _f64(1, 2, 1, 20, 20)):
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=as_float, is_causal=True,
+                                                                    enable_gqa=True)
+        assert torch.allclose(attention(q, k, v, scale=scale, causal=True), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(("scale", "message"), [
+    (torch.tensor([0.3]), "scale has shape (1,), not a single number"),
+    (torch.tensor(0.3, requires_grad=True), "scale is a tensor that requires grad"),
+    ("0.3", "scale '0.3' is not a number"),
+    (True, "scale True is not a number"),
+    (float("nan"), "scale nan is not finite"),
+])
+def test_bad_scales_are_one_line_errors(scale, message):
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(GpuwiseError) as info:
+        attention(q, q, q, scale=scale)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])  # fp32: the kernel's
+@pytest.mark.parametrize(("sq", "sk"), [(0, 50), (30, 0), (0, 0)])
+@pytest.mark.parametrize("causal", [False, True, "lower_right"])
+def test_zero_lengths_are_sdpas_answers(dtype, sq, sk, causal):
+    """No queries: an empty output; no keys: zeros (SDPA's, not NaN); gradients zero, of the inputs' shapes."""
+    q, k, v = (torch.randn(1, h, s, 64, dtype=dtype, requires_grad=True) for h, s in ((4, sq), (2, sk), (2, sk)))
+    out = attention(q, k, v, causal=causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=True)
+    assert out.shape == expected.shape == (1, 4, sq, 64) and out.dtype == dtype
+    assert torch.equal(out, expected)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert [g.shape for g in grads] == [t.shape for t in (q, k, v)] and all(torch.all(g == 0) for g in grads)
+
+
+def test_pytorch_path_runs_sdpas_fused_kernels_where_the_mask_allows(monkeypatch):
+    """Dense, top-left causal and an all-visible decode step reach SDPA with no mask tensor; other masks with
+    the boolean element mask."""
+    import torch.nn.functional as F
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is not None, kwargs.get("is_causal", False)))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    q, k, v = _f64(1, 2, 1, 40, 40)
+    doc = BlockMask.document([0] * 15 + [1] * 25, block_size=64)
+    for kwargs, used in (({}, (False, False)), ({"causal": True}, (False, True)),
+                         ({"causal": "lower_right"}, (False, True)), ({"block_mask": doc}, (True, False)),
+                         ({"block_mask": doc, "causal": True}, (True, False))):
+        calls.clear()
+        out = attention(q, k, v, **kwargs)
+        assert calls == [used], kwargs
+        dense = doc.to_dense() if "block_mask" in kwargs else torch.ones(1, 40, 40, dtype=torch.bool)
+        if kwargs.get("causal"):
+            dense = dense & torch.ones(40, 40, dtype=torch.bool).tril()
+        assert torch.allclose(out, reference(q, k, v, dense, 0.125), atol=1e-12)
+    calls.clear()
+    attention(q[:, :, :1], k, v, causal="lower_right")  # one decoded token sees every key: no mask
+    assert calls == [(False, False)]
+
+
+def test_pytorch_path_builds_each_dense_mask_once(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("gpuwise.ops.attention")  # the module: gpuwise.ops.attention is the function
+    built = []
+    to_dense = BlockMask.to_dense
+    monkeypatch.setattr(BlockMask, "to_dense", lambda self, *a: built.append(self) or to_dense(self, *a))
+    module._MASKS.clear()
+    q, k, v = _f64(1, 2, 2, 70, 70)
+    doc = BlockMask.document([0] * 30 + [1] * 40, block_size=64)
+    for _ in range(3):
+        attention(q, k, v, block_mask=doc)
+        attention(q[:, :, :20], k, v, causal="lower_right")
+    assert len(built) == 2
+
+
+def test_dense_mask_cache_is_bounded_and_forgets_collected_masks():
+    import gc
+    import importlib
+
+    module = importlib.import_module("gpuwise.ops.attention")
+    cache = module._MaskCache(budget_bytes=2 * 100 * 100)
+    masks = [BlockMask.document([0] * 50 + [1] * 50, block_size=64) for _ in range(3)]
+    for m in masks:
+        keep, rows = cache.get(m, torch.device("cpu"))
+        assert keep.shape == (1, 1, 100, 100) and rows is None
+    assert len(cache) == 2 and cache.nbytes == 2 * 100 * 100  # the least recently used one went
+    assert cache.get(masks[2], torch.device("cpu"))[0] is keep  # kept: the same tensor back
+    del masks[2], m
+    gc.collect()
+    assert len(cache) == 1
+    big = BlockMask.causal(200, block_size=64)
+    assert cache.get(big, torch.device("cpu"))[0].shape == (1, 1, 200, 200) and len(cache) == 1  # not kept
+
+
+def test_pytorch_path_rows_with_nothing_to_attend_give_zeros_and_zero_gradients():
+    q, k, v = _f64(1, 2, 1, 64, 64)
+    block = BlockMask(64, 64, 64, lambda b, qi, ki: ((qi < 10) | (qi >= 20)) & (ki <= qi))
+    out = attention(q, k, v, block_mask=block)
+    assert torch.allclose(out, reference(q, k, v, block.to_dense(), 0.125), atol=1e-12)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert torch.all(out[:, :, 10:20] == 0) and torch.all(grads[0][:, :, 10:20] == 0)
+    assert all(torch.isfinite(g).all() for g in grads)

@@ -4,30 +4,45 @@ Where it runs:
 
 - CUDA tensors with Triton installed, head_dim 64 or 128, fp16/bf16/fp32: the Triton kernels (``_kernels``);
 - CPU tensors with ``TRITON_INTERPRET=1`` set before Triton was imported: the same kernels, interpreted;
-- everything else (CPU, MPS, no Triton, other head dims): a plain PyTorch path with the same results (the
-  dense element mask from the BlockMask; other head dims say so once in a warning).
+- everything else (CPU, MPS, no Triton, other head dims): a PyTorch path with the same results (SDPA, with
+  the BlockMask's dense element mask where it needs one; other head dims say so once in a warning).
 
-Semantics shared by both paths: ``scale`` defaults to ``1/sqrt(head_dim)``; ``causal=True`` is
-``BlockMask.causal`` (top-left aligned, as SDPA's ``is_causal``), combined with ``block_mask`` by ``&`` when both
-are given; a query row with nothing to attend to gives zeros (and zero gradients), never NaN; k and v may
-have fewer heads than q (grouped-query attention) when that number divides q's.
+Semantics shared by both paths: ``scale`` (a number, NumPy scalar or 0-d tensor, as SDPA takes) defaults to
+``1/sqrt(head_dim)``; ``causal=True`` (or ``"upper_left"``) is ``BlockMask.causal`` top-left aligned, as SDPA's
+``is_causal``; ``causal="lower_right"`` aligns the diagonal to the last key, as FlashAttention's ``causal=True``
+and torch's ``CausalVariant.LOWER_RIGHT`` (a decode step over a KV cache: query i of seq_q sees keys up to
+i + seq_k - seq_q); either is combined with ``block_mask`` by ``&`` when both are given; a query row with nothing
+to attend to gives zeros (and zero gradients), never NaN; a zero-length query gives an empty output and no keys
+give zeros, as SDPA; k and v may have fewer heads than q (grouped-query attention) when that number divides q's.
+
+The PyTorch path runs SDPA: with no mask tensor for dense and top-left causal attention (its fused kernels),
+otherwise with the BlockMask's dense element mask, built once per mask and device and kept in a cache of at
+most ``MASK_CACHE_BYTES``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
+import threading
 import warnings
+import weakref
+from collections import OrderedDict
 from types import ModuleType
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from gpuwise.errors import GpuwiseError, first_line
-from gpuwise.ops.block_mask import BlockMask
+from gpuwise.ops.block_mask import FULL, BlockMask, causal_variant
+from gpuwise.units import MiB
 
 KERNEL_HEAD_DIMS = (64, 128)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MASK_CACHE_BYTES = 256 * MiB  # the PyTorch path's dense masks, all devices: one 16k x 16k mask, or 16 at 4k
 
 
 @functools.cache
@@ -140,14 +155,12 @@ class _BlockSparseAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None, scale) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask | None) -> None:
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
         raise GpuwiseError("q, k and v must be 4-D tensors (batch, heads, seq, head_dim)",
                            "reshape with .view(b, s, h, d).transpose(1, 2)")
     if not q.is_floating_point():
         raise GpuwiseError(f"q, k and v are {q.dtype}, not floating point", "pass bf16, fp16 or fp32 tensors")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise GpuwiseError(f"scale {scale!r} is not a number", "pass e.g. scale=0.125, or leave it out")
     (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = q.shape, k.shape, v.shape
     if (bk, hk, sk, dk) != (bv, hv, sv, dv):
         raise GpuwiseError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ", "give k and v the same shape")
@@ -173,15 +186,44 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockM
                                "build it from doc_ids shaped (batch, seq), or (seq,) for all rows")
 
 
+def _scale(scale, head_dim: int) -> float:
+    """``scale`` as a float: a number, a NumPy scalar or a 0-d tensor or array without gradient (SDPA takes
+    the first three)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    value = scale
+    if isinstance(scale, torch.Tensor | np.ndarray):
+        if scale.ndim != 0:
+            raise GpuwiseError(f"scale has shape {tuple(scale.shape)}, not a single number",
+                               "pass a float or a 0-d tensor, e.g. scale=0.125")
+        if isinstance(scale, torch.Tensor) and scale.requires_grad:
+            raise GpuwiseError("scale is a tensor that requires grad: attention does not differentiate through it",
+                               "pass scale.item() (or scale.detach())")
+        value = scale.item()
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise GpuwiseError(f"scale {scale!r} is not a number", "pass e.g. scale=0.125, or leave it out")
+    if not math.isfinite(value):
+        raise GpuwiseError(f"scale {value} is not finite", "pass e.g. scale=0.125, or leave it out")
+    return float(value)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_mask: BlockMask | None = None,
-              causal: bool = False, scale: float | None = None) -> torch.Tensor:
-    """softmax(q kᵀ · scale, masked) v over (batch, heads, seq, head_dim), visiting only unmasked blocks."""
-    _check(q, k, v, block_mask, scale)
+              causal: bool | str = False, scale: float | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale, masked) v over (batch, heads, seq, head_dim), visiting only unmasked blocks.
+
+    >>> out = attention(q, k_cache, v_cache, causal="lower_right")  # doctest: +SKIP  (decode over a KV cache)
+    """
+    _check(q, k, v, block_mask)
+    variant = causal_variant(causal)
     sq, sk, d = q.shape[2], k.shape[2], q.shape[3]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = _scale(scale, d)
+    if sq == 0 or sk == 0:  # no mask can be built: SDPA's answers (an empty output; zeros for no keys)
+        return reference(q, k, v, None, scale)
+    if variant is not None and sq == sk:
+        variant = "upper_left"  # the same mask: one cache entry, and SDPA's is_causal below
     mask = block_mask
-    if causal:
-        mask = _causal(sq, sk, 128) if block_mask is None else block_mask.with_causal()
+    if variant is not None:
+        mask = _causal(sq, sk, 128, variant) if block_mask is None else block_mask.with_causal(variant)
     kernel_shape = q.dtype in _DTYPES and d in KERNEL_HEAD_DIMS
     if _is_fake(q) and kernel_shape:  # inside the planner: an op costed from the visited tiles, with the
         out, _ = torch.ops.gpuwise.attention_cost(q, k, v, scale, 1.0 if mask is None else mask.density)
@@ -193,12 +235,75 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_mask: 
         return _BlockSparseAttention.apply(q, k, v, mask, scale)
     if q.shape[-1] not in KERNEL_HEAD_DIMS and (q.is_cuda or _interpreting()):
         _warn_head_dim(q.shape[-1])
-    return reference(q, k, v, None if mask is None else mask.to_dense(), scale)
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None or (block_mask is None and variant == "upper_left") or bool((mask.kind == FULL).all()):
+        # dense or top-left causal: SDPA's fused kernels, no mask tensor
+        is_causal = block_mask is None and variant == "upper_left"
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+    keep, rows = _MASKS.get(mask, q.device, cache=not _is_fake(q))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale, enable_gqa=gqa)
+    return out if rows is None else torch.where(rows, out, 0.0)  # rows with nothing to attend to: zeros
+
+
+class _MaskCache:
+    """The PyTorch path's dense masks per (BlockMask, device), least recently used dropped past ``budget_bytes``.
+
+    A BlockMask is immutable, so its identity and the device are the key; the entry holds a weak reference to
+    the mask (a recycled ``id`` never matches) whose callback drops the entry when the mask is collected. Each
+    entry is ``keep`` (batch or 1, 1, seq_q, seq_k) bool for SDPA, its rows with nothing to attend to opened
+    (SDPA's backends do not all agree on those), and ``rows`` (batch or 1, 1, seq_q, 1), True where a row
+    attends somewhere, or None when every row does.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[int, str], tuple] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry[-1] for entry in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, mask: BlockMask, device: torch.device, *, cache: bool = True
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        key = (id(mask), str(device))
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0]() is mask:
+                self._entries.move_to_end(key)
+                return entry[1], entry[2]
+        dense = mask.to_dense()  # (batch or 1, seq_q, seq_k), evaluated once per mask
+        rows = dense.any(-1, keepdim=True)
+        keep = (dense | ~rows)[:, None].to(device)
+        rows = None if bool(rows.all()) else rows[:, None].to(device)
+        nbytes = keep.numel() + (0 if rows is None else rows.numel())
+        if cache and nbytes <= self.budget_bytes:
+            with self._lock:
+                self._entries[key] = (weakref.ref(mask, functools.partial(self._drop, key)), keep, rows, nbytes)
+                total = self.nbytes
+                while total > self.budget_bytes:
+                    total -= self._entries.popitem(last=False)[1][-1]
+        return keep, rows
+
+    def _drop(self, key: tuple[int, str], ref: weakref.ref) -> None:
+        with self._lock:
+            if key in self._entries and self._entries[key][0] is ref:
+                del self._entries[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_MASKS = _MaskCache(MASK_CACHE_BYTES)
 
 
 @functools.lru_cache(maxsize=32)
-def _causal(sq: int, sk: int, bs: int) -> BlockMask:
-    return BlockMask.causal(sq, sk, block_size=bs)
+def _causal(sq: int, sk: int, bs: int, variant: str = "upper_left") -> BlockMask:
+    return BlockMask.causal(sq, sk, block_size=bs, variant=variant)
 
 
 @functools.lru_cache(maxsize=32)

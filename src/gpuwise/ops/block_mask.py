@@ -20,6 +20,7 @@ nothing and its ``density`` is known there.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,32 @@ from gpuwise.errors import GpuwiseError
 Rule = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (b, q, k) index grids -> bool
 EMPTY, PARTIAL, FULL = 0, 1, 2
 BLOCK_SIZES = (64, 128)
+# Where the causal diagonal sits when seq_q != seq_k, in torch.nn.attention.bias.CausalVariant's names:
+# "upper_left" starts it at the first key (SDPA's is_causal), "lower_right" ends it at the last key, so query i
+# sees keys up to i + seq_k - seq_q (FlashAttention >= 2.1's causal=True: decoding over a KV cache).
+CAUSAL_VARIANTS = ("upper_left", "lower_right")
+_CAUSAL_ALIASES = {"top_left": "upper_left", "bottom_right": "lower_right"}  # FlashAttention's README words
+
+
+def causal_variant(causal) -> str | None:
+    """``causal=`` as given to ``attention`` (False, True, a name or a ``CausalVariant``) -> None, "upper_left"
+    or "lower_right"."""
+    if isinstance(causal, bool | np.bool_):
+        return "upper_left" if causal else None
+    name = getattr(causal, "name", causal)  # torch.nn.attention.bias.CausalVariant.LOWER_RIGHT -> its name
+    if isinstance(name, str):
+        key = name.strip().lower().replace("-", "_")
+        key = _CAUSAL_ALIASES.get(key, key)
+        if key in CAUSAL_VARIANTS:
+            return key
+        close = difflib.get_close_matches(key, [*CAUSAL_VARIANTS, *_CAUSAL_ALIASES], n=1, cutoff=0.5)
+        if close:
+            best = _CAUSAL_ALIASES.get(close[0], close[0])
+            raise GpuwiseError(f"causal={causal!r} is not True, False, 'upper_left' or 'lower_right'",
+                               f"did you mean causal={best!r}?")
+    raise GpuwiseError(f"causal={causal!r} is not True, False, 'upper_left' or 'lower_right'",
+                       "pass causal=True (top-left, as SDPA's is_causal) or causal='lower_right' (decoding with "
+                       "a KV cache, as FlashAttention)")
 
 
 @dataclass(frozen=True)
@@ -122,10 +149,23 @@ class BlockMask:
     # -- constructors ------------------------------------------------------------------------------------
 
     @classmethod
-    def causal(cls, seq_q: int, seq_k: int | None = None, block_size: int = 128) -> BlockMask:
-        """Query ``q`` attends to keys ``k <= q`` (top-left aligned, as SDPA's ``is_causal``)."""
-        return cls(seq_q, seq_q if seq_k is None else seq_k, block_size, lambda b, q, k: k <= q,
-                   tiles=lambda b, ql, qh, kl, kh: np.where(kh <= ql, FULL, np.where(kl > qh, EMPTY, PARTIAL)))
+    def causal(cls, seq_q: int, seq_k: int | None = None, block_size: int = 128, *,
+               variant: str = "upper_left") -> BlockMask:
+        """Query ``q`` attends to keys ``k <= q`` (``variant="upper_left"``, as SDPA's ``is_causal``) or
+        ``k <= q + seq_k - seq_q`` (``"lower_right"``, as FlashAttention's ``causal=True`` and torch's
+        ``causal_lower_right``: the last query sees every key; with seq_q > seq_k the first rows see none).
+
+        >>> BlockMask.causal(1, 4096, variant="lower_right").sparsity  # one decoded token: every key
+        0.0
+        """
+        seq_k = seq_q if seq_k is None else seq_k
+        if causal_variant(variant) is None:
+            raise GpuwiseError(f"variant={variant!r} is not 'upper_left' or 'lower_right'",
+                               "pass variant='lower_right' for a KV cache, or leave it out")
+        shift = seq_k - seq_q if causal_variant(variant) == "lower_right" else 0
+        return cls(seq_q, seq_k, block_size, lambda b, q, k: k <= q + shift,
+                   tiles=lambda b, ql, qh, kl, kh: np.where(kh <= ql + shift, FULL,
+                                                            np.where(kl > qh + shift, EMPTY, PARTIAL)))
 
     @classmethod
     def sliding_window(cls, seq: int, window: int, block_size: int = 128) -> BlockMask:
@@ -215,12 +255,12 @@ class BlockMask:
         return BlockMask(self.seq_q, self.seq_k, self.block_size, rule, batch=max(self.batch, other.batch),
                          tiles=tiles)
 
-    def with_causal(self) -> BlockMask:
-        """``self & causal``, built once per mask (``attention(..., causal=True)`` asks for it every call)."""
-        cache = self.__dict__.setdefault("_with_causal", [])
-        if not cache:
-            cache.append(self & BlockMask.causal(self.seq_q, self.seq_k, self.block_size))
-        return cache[0]
+    def with_causal(self, variant: str = "upper_left") -> BlockMask:
+        """``self & causal``, built once per mask and variant (``attention(..., causal=True)`` asks every call)."""
+        cache = self.__dict__.setdefault("_with_causal", {})
+        if variant not in cache:
+            cache[variant] = self & BlockMask.causal(self.seq_q, self.seq_k, self.block_size, variant=variant)
+        return cache[variant]
 
     def __and__(self, other: BlockMask) -> BlockMask:
         return self._combine(other, np.logical_and)
