@@ -1,7 +1,7 @@
 """README output is real output: every ``$ gpuwise ...`` example whose output does not depend on the machine
 (the catalog and plans on fake tensors) is run again and must print what the README shows.
 
-When one drifts, regenerate it with ``COLUMNS=100 gpuwise ...`` and paste the output.
+When one drifts, ``python scripts/readme_examples.py`` regenerates them all (``--check`` only lists them).
 """
 
 from __future__ import annotations
