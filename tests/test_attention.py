@@ -474,10 +474,10 @@ def test_lower_right_on_the_pytorch_path_is_sdpa_with_causal_bias(sq, sk):
 
 @needs_kernel
 @pytest.mark.parametrize(("dtype", "shape", "mask"), [
-    (torch.float16, (1, 2, 1, 70, 200), None),
+    (torch.float16, (1, 2, 1, 70, 150), None),
     (torch.float32, (1, 2, 2, 1, 130), None),  # one decoded token over a cache
-    (torch.bfloat16, (1, 2, 1, 150, 90), None),  # more queries than keys: the first 60 rows see nothing
-    (torch.float32, (2, 2, 1, 100, 180),
+    (torch.bfloat16, (1, 2, 1, 100, 70), None),  # more queries than keys: the first 30 rows see nothing
+    (torch.float32, (2, 1, 1, 100, 180),
      BlockMask.from_dense(np.random.default_rng(1).random((2, 3)) < 0.7, 64, seq_q=100, seq_k=180)),
 ], ids=["fp16", "decode", "bf16-sq>sk", "block-mask"])
 def test_kernel_lower_right_forward_and_backward_against_float64(dtype, shape, mask):
@@ -497,6 +497,9 @@ def test_bad_causal_values_are_one_line_errors(causal, message):
         attention(q, q, q, causal=causal)
     assert str(info.value).startswith(message) and "\n" not in str(info.value)
     assert attention(q, q, q, causal="bottom_right").shape == q.shape  # FlashAttention's word is understood
+    with pytest.raises(GpuwiseError, match="variant='lowr_right' is not 'upper_left' or 'lower_right' "
+                                           r"\(hint: did you mean variant='lower_right'\?\)"):
+        BlockMask.causal(4, 8, block_size=64, variant="lowr_right")
 
 
 @pytest.mark.parametrize("scale", [np.float32(0.3), np.float64(0.3), np.int64(1), torch.tensor(0.3),
@@ -601,6 +604,11 @@ def test_dense_mask_cache_is_bounded_and_forgets_collected_masks():
     assert len(cache) == 1
     big = BlockMask.causal(200, block_size=64)
     assert cache.get(big, torch.device("cpu"))[0].shape == (1, 1, 200, 200) and len(cache) == 1  # not kept
+    with cache._lock:  # collected while the cache is busy (a GC pass inside it): dropped at the next use
+        masks.clear()
+        gc.collect()
+        assert len(cache._entries) == 1
+    assert len(cache) == 0
 
 
 def test_pytorch_path_rows_with_nothing_to_attend_give_zeros_and_zero_gradients():

@@ -249,28 +249,35 @@ class _MaskCache:
     """The PyTorch path's dense masks per (BlockMask, device), least recently used dropped past ``budget_bytes``.
 
     A BlockMask is immutable, so its identity and the device are the key; the entry holds a weak reference to
-    the mask (a recycled ``id`` never matches) whose callback drops the entry when the mask is collected. Each
-    entry is ``keep`` (batch or 1, 1, seq_q, seq_k) bool for SDPA, its rows with nothing to attend to opened
-    (SDPA's backends do not all agree on those), and ``rows`` (batch or 1, 1, seq_q, 1), True where a row
-    attends somewhere, or None when every row does.
+    the mask (a recycled ``id`` never matches) whose callback drops the entry when the mask is collected (or,
+    when the collection happens while the cache is busy, at its next use). Each entry is ``keep`` (batch or 1,
+    1, seq_q, seq_k) bool for SDPA, its rows with nothing to attend to opened (SDPA's backends do not all agree
+    on those), and ``rows`` (batch or 1, 1, seq_q, 1), True where a row attends somewhere, or None when every
+    row does. A mask larger than the budget is built for each call and not kept.
     """
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[tuple[int, str], tuple] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, str], tuple] = OrderedDict()  # key -> (ref, keep, rows, bytes)
+        self._dead: list[tuple[tuple[int, str], weakref.ref]] = []  # collected while the lock was held
         self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
-        return sum(entry[-1] for entry in self._entries.values())
+        with self._lock:
+            self._purge()
+            return sum(entry[3] for entry in self._entries.values())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            self._purge()
+            return len(self._entries)
 
     def get(self, mask: BlockMask, device: torch.device, *, cache: bool = True
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         key = (id(mask), str(device))
         with self._lock:
+            self._purge()
             entry = self._entries.get(key)
             if entry is not None and entry[0]() is mask:
                 self._entries.move_to_end(key)
@@ -281,21 +288,32 @@ class _MaskCache:
         rows = None if bool(rows.all()) else rows[:, None].to(device)
         nbytes = keep.numel() + (0 if rows is None else rows.numel())
         if cache and nbytes <= self.budget_bytes:
+            ref = weakref.ref(mask, functools.partial(self._collected, key))
             with self._lock:
-                self._entries[key] = (weakref.ref(mask, functools.partial(self._drop, key)), keep, rows, nbytes)
-                total = self.nbytes
+                self._entries[key] = (ref, keep, rows, nbytes)
+                total = sum(entry[3] for entry in self._entries.values())
                 while total > self.budget_bytes:
-                    total -= self._entries.popitem(last=False)[1][-1]
+                    total -= self._entries.popitem(last=False)[1][3]
         return keep, rows
 
-    def _drop(self, key: tuple[int, str], ref: weakref.ref) -> None:
-        with self._lock:
+    def _collected(self, key: tuple[int, str], ref: weakref.ref) -> None:
+        self._dead.append((key, ref))
+        if self._lock.acquire(blocking=False):  # busy (this thread or another): the next use purges it
+            try:
+                self._purge()
+            finally:
+                self._lock.release()
+
+    def _purge(self) -> None:
+        while self._dead:
+            key, ref = self._dead.pop()
             if key in self._entries and self._entries[key][0] is ref:
                 del self._entries[key]
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._dead.clear()
 
 
 _MASKS = _MaskCache(MASK_CACHE_BYTES)

@@ -40,11 +40,12 @@ CAUSAL_VARIANTS = ("upper_left", "lower_right")
 _CAUSAL_ALIASES = {"top_left": "upper_left", "bottom_right": "lower_right"}  # FlashAttention's README words
 
 
-def causal_variant(causal) -> str | None:
+def causal_variant(causal, arg: str = "causal") -> str | None:
     """``causal=`` as given to ``attention`` (False, True, a name or a ``CausalVariant``) -> None, "upper_left"
-    or "lower_right"."""
+    or "lower_right"; ``arg`` names the argument in the error."""
     if isinstance(causal, bool | np.bool_):
         return "upper_left" if causal else None
+    options = "True, False, 'upper_left' or 'lower_right'" if arg == "causal" else "'upper_left' or 'lower_right'"
     name = getattr(causal, "name", causal)  # torch.nn.attention.bias.CausalVariant.LOWER_RIGHT -> its name
     if isinstance(name, str):
         key = name.strip().lower().replace("-", "_")
@@ -53,12 +54,11 @@ def causal_variant(causal) -> str | None:
             return key
         close = difflib.get_close_matches(key, [*CAUSAL_VARIANTS, *_CAUSAL_ALIASES], n=1, cutoff=0.5)
         if close:
-            best = _CAUSAL_ALIASES.get(close[0], close[0])
-            raise GpuwiseError(f"causal={causal!r} is not True, False, 'upper_left' or 'lower_right'",
-                               f"did you mean causal={best!r}?")
-    raise GpuwiseError(f"causal={causal!r} is not True, False, 'upper_left' or 'lower_right'",
-                       "pass causal=True (top-left, as SDPA's is_causal) or causal='lower_right' (decoding with "
-                       "a KV cache, as FlashAttention)")
+            raise GpuwiseError(f"{arg}={causal!r} is not {options}",
+                               f"did you mean {arg}={_CAUSAL_ALIASES.get(close[0], close[0])!r}?")
+    raise GpuwiseError(f"{arg}={causal!r} is not {options}",
+                       f"pass {arg}='upper_left' (as SDPA's is_causal) or {arg}='lower_right' (decoding with a KV "
+                       "cache, as FlashAttention)")
 
 
 @dataclass(frozen=True)
@@ -159,10 +159,10 @@ class BlockMask:
         0.0
         """
         seq_k = seq_q if seq_k is None else seq_k
-        if causal_variant(variant) is None:
+        if isinstance(variant, bool | np.bool_):  # names only: variant=False is no causal mask at all
             raise GpuwiseError(f"variant={variant!r} is not 'upper_left' or 'lower_right'",
                                "pass variant='lower_right' for a KV cache, or leave it out")
-        shift = seq_k - seq_q if causal_variant(variant) == "lower_right" else 0
+        shift = seq_k - seq_q if causal_variant(variant, "variant") == "lower_right" else 0
         return cls(seq_q, seq_k, block_size, lambda b, q, k: k <= q + shift,
                    tiles=lambda b, ql, qh, kl, kh: np.where(kh <= ql + shift, FULL,
                                                             np.where(kl > qh + shift, EMPTY, PARTIAL)))
