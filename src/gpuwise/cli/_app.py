@@ -42,6 +42,9 @@ QloraRecipeOption = Annotated[str | None, typer.Option(help=(
 LossOption = Annotated[str | None, typer.Option(help=(
     "A decoder LM's loss: standard (the whole logits up-cast to fp32, as transformers does), chunked (torchtune's "
     "chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger runs it) [standard]."))]
+CompileFlag = Annotated[bool, typer.Option("--compile", help=(
+    "torch.compile the model's repeated blocks, as torchtitan does (train compiles the model; plan and recommend "
+    "model each block's AOTAutograd partition and inductor's pointwise fusion, the rest eager)."))]
 
 # Model parallelism and offload (planning/parallel.py, planning/sharding.py): --gpus is the total, tp x pp x cp x dp.
 TpOption = Annotated[int | None, typer.Option("--tp", help=(

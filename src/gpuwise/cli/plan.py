@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import (
+    CompileFlag,
     ContextOption,
     CpOption,
     DeviceOption,
@@ -68,6 +69,7 @@ def plan(
     attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
                                                        "built-in GPT and Llama models.")] = None,
     loss: LossOption = None,
+    compile_blocks: CompileFlag = False,
     tp: TpOption = None,
     sequence_parallel: SequenceParallelFlag = False,
     pp: PpOption = None,
@@ -116,6 +118,7 @@ def plan(
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
     given |= {"context": context, "weights": weights}
     given |= {"loss": loss}
+    given |= {"compile": compile_blocks or None}
     given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload, "sp": sequence_parallel or None}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or (tp or 1) * (pp or 1) * (cp or 1),

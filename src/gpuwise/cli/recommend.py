@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import (
+    CompileFlag,
     CpOption,
     JsonFlag,
     LoraDropoutOption,
@@ -81,6 +82,7 @@ def recommend(
     lora_dropout: LoraDropoutOption = None,
     qlora_recipe: QloraRecipeOption = None,
     loss: LossOption = None,
+    compile_blocks: CompileFlag = False,
     tp: TpOption = None,
     pp: PpOption = None,
     cp: CpOption = None,
@@ -162,6 +164,8 @@ def recommend(
     goal = Goal(tokens=tokens, samples=samples)
     if serving and loss is not None:
         raise GpuwiseError("--loss has no meaning when serving", "drop --loss")
+    if serving and compile_blocks:
+        raise GpuwiseError("--compile plans a compiled training step, not serving", "drop --compile")
     if serving:
         trained = [f for f, v in (("--checkpointing", checkpointing), ("--sharding", sharding),
                                   ("--lora-rank", lora_rank), ("--lora-targets", lora_targets),
@@ -189,6 +193,7 @@ def recommend(
              "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None,
              "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None}
     given |= {"loss": loss}
+    given |= {"compile": compile_blocks or None}
     lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
                                  ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
                                  ("--qlora-recipe", qlora_recipe)) if v is not None]

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from gpuwise.cli._app import DeviceOption, JsonFlag, app
+from gpuwise.cli._app import CompileFlag, DeviceOption, JsonFlag, app
 from gpuwise.training.config import IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOptions
 
 
@@ -47,7 +47,7 @@ def train(
     seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches "
                                                   f"{_default(TrainConfig, 'seed')}.")] = None,
     device: DeviceOption = None,
-    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile the model.")] = False,
+    compile_model: CompileFlag = False,
     checkpointing: Annotated[str | None, typer.Option(
         help="none; full: recompute each block in backward (activation checkpointing); selective: keep what "
              "torchtitan's op policy keeps (every other matmul's output, attention's) "

@@ -34,6 +34,7 @@ from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning import parallel
 from gpuwise.planning.autocast import CudaEmulation
+from gpuwise.planning.compiled import apply_compile
 from gpuwise.planning.float8 import apply_float8
 from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.quantize import quantize_weights
@@ -236,7 +237,14 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                        dropout=setup.lora_dropout, depth=source.n_layer if n_layer is not None else None)
         if setup.spec.float8:  # --precision fp8: torchao's Float8Linear for every linear layer but the head
             apply_float8(model, setup.compute_dtype, select_targets(model, blocks, None)[2])
-        if setup.training and setup.checkpointing != "none":
+        compiled = None
+        if setup.compile:  # each block compiled, with checkpointing inside its graph (planning/compiled.py)
+            if blocks is None:
+                raise NotApplicable("--compile compiles each repeated block (torchtitan's apply_compile), and the "
+                                    "model has none (an nn.ModuleList)",
+                                    "put the layers in an nn.ModuleList, or drop --compile")
+            compiled = apply_compile(blocks, checkpointing=setup.checkpointing, context=repr(setup))
+        if setup.training and setup.checkpointing != "none" and not setup.compile:  # compiled: inside the graph
             if blocks is None:
                 raise NotApplicable(f"--checkpointing {setup.checkpointing}: the model has no repeated blocks (an "
                                     "nn.ModuleList)",
@@ -265,6 +273,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
                          torch.zeros(built.kv_cache_shape, dtype=frozen_dtype, device=device)) for _ in range(n_blocks)]
 
         tracker = Tracker()
+        if compiled is not None:
+            compiled.on_fused = tracker.discount
+            compiled.pause = lambda on: setattr(tracker, "paused", on)
         opts = _make_optimizers(setup, model, trainable) if setup.training else []
         # --optimizer-in-backward: each parameter's own optimizer, stepped by a hook during backward
         per_param = {o.param_groups[0]["params"][0]: o for o in opts} if setup.optimizer_in_backward else None

@@ -90,6 +90,7 @@ class Setup:
     sp: bool = False  # sequence parallel with --tp: norms and the residual stream split along the sequence too
     nodes: int = 1  # HSDP: --sharding fsdp shards within each node and replicates across nodes
     offload: Offload = "none"  # model states in host memory: the optimizer's (ZeRO-Offload), or all (FSDP2)
+    compile: bool = False  # each block through torch.compile (AOTAutograd's partitioner, inductor's fusion)
     stage: int | None = None  # the pipeline stage a capture is of; None: the worst one (the planner picks it)
 
     def __post_init__(self) -> None:
@@ -118,6 +119,9 @@ class Setup:
             raise GpuwiseError("--qlora quantises the frozen base of a LoRA fine-tune", "add --task finetune-lora")
         self._check_lora()
         self._check_parallel()
+        if self.compile and not self.training:
+            raise GpuwiseError(f"--compile plans a compiled training step (saved activations, fused kernels), not "
+                               f"--task {self.task}", "drop --compile, or plan --task train")
         if not self.training:
             for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
                               (f"--checkpointing {self.checkpointing}", self.checkpointing != "none"),
@@ -340,6 +344,8 @@ class Setup:
                 parts.append(f"{self.gpus} GPUs: " + " x ".join(data + model))
         if self.offload != "none":
             parts.append(f"{self.offload} offloaded to the host")
+        if self.compile:
+            parts.append("compiled blocks")
         if self.loss != "standard":
             parts.append({"chunked": "chunked cross-entropy", "fused": "fused linear + cross-entropy"}[self.loss])
         return " · ".join(p for p in parts if p)

@@ -255,6 +255,7 @@ class Tracker(TorchDispatchMode):
         self._op_kind: list[int] = []
         self._op_phase: list[int] = []
         self.marks: dict[str, int] = {}
+        self.paused = False  # nothing is recorded while set (compiled.py traces a block's graph under it)
         # storage id -> (weak ref, block): in the optimizer step, an op on one block's parameters, gradients or
         # states (and on what such ops made) is labelled with that block, as forward and backward samples are, so
         # that per-parameter optimizer loops scale from 2- and 3-block captures like the blocks themselves
@@ -286,11 +287,20 @@ class Tracker(TorchDispatchMode):
 
     def tag(self, tensors: Iterable[torch.Tensor | None] | torch.Tensor | None, category: str) -> None:
         """Give ``category`` to the storages behind these tensors (registering any not seen yet)."""
-        if tensors is None:
+        if tensors is None or self.paused:
             return
         for t in [tensors] if isinstance(tensors, torch.Tensor) else tensors:
             if isinstance(t, torch.Tensor):
                 self._record(t, category)
+
+    def discount(self, tensors: Iterable[torch.Tensor | None] | torch.Tensor | None) -> None:
+        """Count the storages behind these tensors as never allocated: a compiled kernel keeps them in registers
+        (planning/compiled.py, inductor's fusion)."""
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                hit = self._live.get(id(t.untyped_storage()))
+                if hit is not None and hit[0]() is t.untyped_storage():
+                    self._bytes[hit[1]] = 0
 
     def own(self, tensors: Iterable[torch.Tensor | None], block: int) -> None:
         """Mark these tensors' storages as block ``block``'s (see ``_owner``)."""
@@ -317,6 +327,8 @@ class Tracker(TorchDispatchMode):
     # --- dispatch -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func._overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu:
             out = (_cuda_attention_layout(out[0]), *out[1:])
