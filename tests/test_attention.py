@@ -576,8 +576,8 @@ def test_pytorch_path_builds_each_dense_mask_once(monkeypatch):
 
     module = importlib.import_module("gpuwise.ops.attention")  # the module: gpuwise.ops.attention is the function
     built = []
-    to_dense = BlockMask.to_dense
-    monkeypatch.setattr(BlockMask, "to_dense", lambda self, *a: built.append(self) or to_dense(self, *a))
+    to_dense = BlockMask._dense_numpy
+    monkeypatch.setattr(BlockMask, "_dense_numpy", lambda self: built.append(self) or to_dense(self))
     module._MASKS.clear()
     q, k, v = _f64(1, 2, 2, 70, 70)
     doc = BlockMask.document([0] * 30 + [1] * 40, block_size=64)
@@ -585,6 +585,27 @@ def test_pytorch_path_builds_each_dense_mask_once(monkeypatch):
         attention(q, k, v, block_mask=doc)
         attention(q[:, :, :20], k, v, causal="lower_right")
     assert len(built) == 2
+
+
+def test_pytorch_path_under_the_planners_fake_tensors():
+    """The planner runs models on fake tensors, which hold no data: the element masks come from NumPy, and
+    are not cached (they would be fake)."""
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    module = importlib.import_module("gpuwise.ops.attention")
+    module._MASKS.clear()
+    doc = BlockMask.document([0] * 30 + [1] * 40, block_size=64)
+    with FakeTensorMode():
+        q = torch.randn(1, 2, 70, 64, dtype=torch.float64, requires_grad=True)
+        for sq, kwargs in ((70, {"block_mask": doc}), (70, {"causal": True}), (20, {"causal": "lower_right"}),
+                           (90, {"causal": "lower_right"})):  # the last: 20 rows with nothing to attend to
+            query = torch.randn(1, 2, sq, 64, dtype=torch.float64, requires_grad=True)
+            out = attention(query, q, q, **kwargs)
+            out.sum().backward()
+            assert out.shape == (1, 2, sq, 64) and query.grad.shape == query.shape
+    assert len(module._MASKS) == 0
 
 
 def test_dense_mask_cache_is_bounded_and_forgets_collected_masks():

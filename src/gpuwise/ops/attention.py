@@ -282,10 +282,11 @@ class _MaskCache:
             if entry is not None and entry[0]() is mask:
                 self._entries.move_to_end(key)
                 return entry[1], entry[2]
-        dense = mask.to_dense()  # (batch or 1, seq_q, seq_k), evaluated once per mask
-        rows = dense.any(-1, keepdim=True)
-        keep = (dense | ~rows)[:, None].to(device)
-        rows = None if bool(rows.all()) else rows[:, None].to(device)
+        # (batch or 1, seq_q, seq_k), evaluated once per mask, in NumPy (the planner's fake tensors hold no data)
+        dense = mask._dense_numpy()
+        rows = dense.any(-1, keepdims=True)
+        keep = torch.from_numpy(dense | ~rows)[:, None].to(device)
+        rows = None if rows.all() else torch.from_numpy(rows)[:, None].to(device)
         nbytes = keep.numel() + (0 if rows is None else rows.numel())
         if cache and nbytes <= self.budget_bytes:
             ref = weakref.ref(mask, functools.partial(self._collected, key))

@@ -294,10 +294,13 @@ class BlockMask:
         if (sq, sk) != (self.seq_q, self.seq_k):
             raise GpuwiseError(f"the mask is for {self.seq_q} x {self.seq_k}, not {sq} x {sk}",
                                "build the mask for the sequence lengths of q and k")
-        q, k = np.arange(sq)[:, None], np.arange(sk)[None, :]
-        out = np.stack([np.broadcast_to(np.asarray(self.rule(np.full((1, 1), b), q, k), bool), (sq, sk))
-                        for b in range(self.batch)])
-        return torch.from_numpy(out.copy())
+        return torch.from_numpy(self._dense_numpy())
+
+    def _dense_numpy(self) -> np.ndarray:
+        """The element mask (batch, seq_q, seq_k) as a NumPy array (no torch: free under fake tensors)."""
+        q, k = np.arange(self.seq_q)[:, None], np.arange(self.seq_k)[None, :]
+        return np.stack([np.broadcast_to(np.asarray(self.rule(np.full((1, 1), b), q, k), bool),
+                                         (self.seq_q, self.seq_k)) for b in range(self.batch)])
 
     @functools.cached_property
     def _numpy_tables(self) -> dict[str, np.ndarray]:
