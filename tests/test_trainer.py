@@ -10,6 +10,7 @@ import torch
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.models.gpt import GPT, GPTConfig
+from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
 from gpuwise.training.trainer import Runtime, Trainer, cosine_with_warmup, model_loss
@@ -312,7 +313,7 @@ def test_bad_held_out_data_stops_after_saving_and_ragged_items_are_named(tmp_pat
                       runtime=Runtime(checkpoint_dir=tmp_path / "r"))
     with pytest.raises(GpuwiseError, match=r"reading the batch of step 3 failed: RuntimeError: stack expects"):
         trainer.fit()
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["step-000000002"]  # saved what it had done
+    assert [p.name for p in ckpt.steps_in(tmp_path / "r")] == ["step-000000002"]  # saved what it had done
 
 
 def test_the_trainer_takes_a_dataset_and_refuses_a_dataloader():
@@ -347,6 +348,7 @@ def test_tf32_is_switched_by_the_run_not_by_constructing_a_trainer():
 WARMED_BEFORE_THE_FIRST_STEP = '''
 import torch
 from gpuwise import compat
+from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.trainer import Trainer
 

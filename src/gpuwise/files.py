@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpuwise.errors import GpuwiseError
@@ -51,3 +52,53 @@ def open_log(path: str | os.PathLike):
         return target.open("a")
     except OSError as exc:
         raise GpuwiseError(f"cannot write the log {target}: {exc.strerror}", "pick a path you can write to") from exc
+
+
+class LogFile:
+    """A JSON-lines log (``--log``), one line per log step, flushed as it goes. A write that fails (a full disk)
+    is reported once through ``warn`` and stops the log, not the run.
+
+    >>> # log = LogFile("run.jsonl", warn=print); log.write('{"step": 1}'); log.close()
+    """
+
+    def __init__(self, path: str | os.PathLike, *, warn: Callable[[str], None]) -> None:
+        self.path, self.warn = Path(path), warn
+        self.file = open_log(self.path)
+
+    def write(self, line: str) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.write(line + "\n")
+            self.file.flush()
+        except OSError as exc:
+            self.warn(f"warning: cannot write the log {self.path}: {exc.strerror or exc}; training goes on "
+                      "without it (the checkpoints are unaffected)")
+            self.close()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the entries after ``step`` (a resumed run writes them again), atomically."""
+        if self.file is None:
+            return
+        self.file.close()
+        self.file = None
+        try:
+            kept = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    if int(json.loads(line)["step"]) <= step:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):
+                    continue  # a half-written last line of a killed run
+            with atomic_path(self.path) as tmp:
+                tmp.write_text("".join(f"{line}\n" for line in kept))
+            self.file = open_log(self.path)
+        except (OSError, GpuwiseError) as exc:
+            self.warn(f"warning: cannot rewrite the log {self.path} from step {step}: {exc}; training goes on "
+                      "without it")
+
+    def close(self) -> None:
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.file = None

@@ -87,7 +87,10 @@ def train(
                                                        f"{_default(TrainConfig, 'log_every')}.")] = None,
     checkpoint_dir: Annotated[str | None, typer.Option(help="Folder for checkpoints (safetensors, manifest).")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="Steps between checkpoints (and at the end).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest good checkpoint.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the newest good checkpoint, with the "
+                                         "settings it was written with (flags given again must agree).")] = False,
+    sync_batchnorm: Annotated[bool, typer.Option("--sync-batchnorm", help="Under torchrun on GPUs: BatchNorm "
+                                                 "statistics over every process's micro-batch.")] = False,
     log: Annotated[str | None, typer.Option(
         "--log", "--log-file", help="Append one JSON object per log step to this file (under torchrun write "
         "--log-file: torchrun's own parser takes --log for its --log-dir).")] = None,
@@ -125,15 +128,16 @@ def train(
                             f"drop {flag}, or see the plan: gpuwise plan {flag} {value}")
 
     from gpuwise import render
-    from gpuwise.files import open_log
+    from gpuwise.files import LogFile
     from gpuwise.training.distributed import Ranks
-    from gpuwise.training.run import run_training
+    from gpuwise.training.run import resume_options, run_training
+    from gpuwise.training.trainer import Interrupted
 
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
              "seed": seed, "checkpoint_every": checkpoint_every, "eval_every": eval_every, "log_every": log_every,
              "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing,
              "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None}
-    given |= {"loss": loss}
+    given |= {"loss": loss, "sync_batchnorm": sync_batchnorm or None}
     config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
     chosen = {"example": example, "auto": auto, "task": task}
     options = TrainOptions(model=model, data=data, seq=seq, image_size=image_size, device=device, gpus=n_gpus,
@@ -141,16 +145,23 @@ def train(
                            lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets,
                            lora_dropout=lora_dropout, qlora_recipe=qlora_recipe, config=config, monitor=monitor,
                            **{k: v for k, v in chosen.items() if v is not None})
-    sink = open_log(log) if log else None
+    typed = {k for k, v in {**given, "example": example, "model": model, "data": data, "seq": seq,
+                            "image_size": image_size, "workers": workers}.items() if v is not None}
+    options, notes = resume_options(options, typed)
+    config = options.config
     console = Console(stderr=True, highlight=False)
     progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out, total=config.steps)
+    log_file = LogFile(log, warn=progress.note) if log else None
 
     def on_log(entry) -> None:
-        if sink:
-            sink.write(_json.dumps(render.to_jsonable(entry)) + "\n")
-            sink.flush()
+        if log_file:
+            log_file.write(_json.dumps(render.to_jsonable(entry)))
         if not json_out:
             progress.log(entry)
+
+    def on_resume(step: int) -> None:
+        if log_file:
+            log_file.truncate_after(step)  # the run goes on from there: one clean series, no repeated steps
 
     def on_event(text: str) -> None:
         if not json_out:
@@ -160,8 +171,10 @@ def train(
         from gpuwise.errors import GpuwiseError
 
         raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
+    for text in notes:
+        on_event(text)
     try:
-        summary = run_training(options, on_log=on_log, on_event=on_event)
+        summary = run_training(options, on_log=on_log, on_event=on_event, on_resume=on_resume)
         ranks = Ranks.from_environ(os.environ)
         if fix_input and ranks.world_size > 1:
             if ranks.main:
@@ -173,10 +186,16 @@ def train(
             if "num_workers" in suggested_loader(summary.diagnosis):
                 on_event(f"--fix-input: re-running {FIX_STEPS} steps with the loader the diagnosis suggests")
             summary = dataclasses.replace(summary, input_fix=rerun_input(options, summary, on_event=on_event))
+    except Interrupted as stop:
+        progress.stop()
+        where = (f"saved {stop.saved.name}; continue with --resume" if stop.saved is not None else
+                 "no checkpoint (pass --checkpoint-dir to keep a run)")
+        console.print(f"stopped at step {stop.step}; {where}", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     finally:
         progress.stop()
-        if sink:
-            sink.close()
+        if log_file:
+            log_file.close()
     if not Ranks.from_environ(os.environ).main:  # under torchrun, one process reports
         return
     render.emit(summary, json=json_out)

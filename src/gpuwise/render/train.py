@@ -40,12 +40,13 @@ class TrainProgress:
                 self.bar.start()
                 self.task = self.bar.add_task("", total=self.total)
             self.bar.update(self.task, completed=entry.step, description=f"loss {entry.loss:.3f}{evals} · {rate}")
-            return
+        # the history stays on screen: a line per log step, printed above the bar while it runs
         norm = f"  |g| {entry.grad_norm:.3f}" if entry.grad_norm is not None else ""
-        self.console.print(f"step {entry.step:>6}  loss {entry.loss:.4f}{evals}  lr {entry.lr:.2e}{norm}  {rate}"
-                           + (f"  MFU {100 * entry.mfu:.1f}%" if entry.mfu else "")
-                           + (f"  peak {human_bytes(entry.peak_memory_bytes)}" if entry.peak_memory_bytes else "")
-                           + ("  (fp16 step skipped)" if entry.skipped else ""), markup=False, soft_wrap=True)
+        line = (f"step {entry.step:>6}  loss {entry.loss:.4f}{evals}  lr {entry.lr:.2e}{norm}  {rate}"
+                + (f"  MFU {100 * entry.mfu:.1f}%" if entry.mfu else "")
+                + (f"  peak {human_bytes(entry.peak_memory_bytes)}" if entry.peak_memory_bytes else "")
+                + ("  (fp16 step skipped)" if entry.skipped else ""))
+        (self.bar.console if self.bar is not None else self.console).print(line, markup=False, soft_wrap=True)
 
     def stop(self) -> None:
         if self.bar is not None and self.task is not None:

@@ -11,6 +11,8 @@ checkpoint is skipped for the one before it, and the reason is reported.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpuwise.errors import DamagedCheckpoint, GpuwiseError
+from gpuwise.errors import DamagedCheckpoint, GpuwiseError, first_line
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -89,9 +91,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.Tensor], state: dict[str, Any],
-         fingerprint: str, keep: int = 3, identity: dict[str, Any] | None = None) -> Checkpoint:
+         fingerprint: str, keep: int = 3, identity: dict[str, Any] | None = None,
+         run: dict[str, Any] | None = None) -> Checkpoint:
     """Write checkpoint ``step`` into ``folder`` atomically, then keep only the newest ``keep``. ``identity``
-    (what the fingerprint hashes) is kept in the manifest so a mismatch can be named."""
+    (what the fingerprint hashes) is kept in the manifest so a mismatch can be named; ``run`` (the settings the
+    run was started with) so a resume need not repeat them."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:09d}.", dir=folder))
@@ -106,7 +110,7 @@ def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.T
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return commit(folder, step, tmp, fingerprint=fingerprint, keep=keep,
-                  extra={"aliases": aliases, "identity": identity})
+                  extra={"aliases": aliases, "identity": identity, "run": run})
 
 
 def commit(folder: Path, step: int, tmp: Path, *, fingerprint: str, keep: int, extra: dict[str, Any]) -> Checkpoint:
@@ -131,7 +135,11 @@ def commit(folder: Path, step: int, tmp: Path, *, fingerprint: str, keep: int, e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in sorted(folder.glob(f"{PREFIX}*"))[:-keep] if keep > 0 else []:
+    # the newest ``keep`` by the step their manifests hold, not by name: a renamed folder or junk named step-*
+    # neither counts toward those kept nor pushes a real checkpoint out; what has no readable manifest stays
+    ordered = [path for _, path in sorted(((s, p) for p in steps_in(folder) if p != final
+                                           for s in [manifest_step(p)] if s is not None), reverse=True)]
+    for old in ordered[max(keep - 1, 0):] if keep > 0 else []:
         trash = folder / f".trash-{old.name}"
         os.replace(old, trash)  # out of sight first: a kill during the delete leaves no half checkpoint
         shutil.rmtree(trash, ignore_errors=True)
@@ -175,18 +183,54 @@ def check_writable(folder: Path) -> None:
 
 
 def steps_in(folder: Path) -> list[Path]:
-    return sorted(folder.glob(f"{PREFIX}*")) if folder.is_dir() else []
+    return sorted(p for p in folder.glob(f"{PREFIX}*") if p.is_dir()) if folder.is_dir() else []
+
+
+def manifest_step(path: Path) -> int | None:
+    """The step ``path``'s manifest holds (no checksums read), None without a readable manifest."""
+    try:
+        return int(json.loads((path / MANIFEST).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def candidates(folder: str | os.PathLike) -> tuple[list[Checkpoint], list[str]]:
+    """Every checkpoint in ``folder`` that verifies, newest first by the step in its manifest (a folder renamed
+    ``step-000000999`` stays the step it is), and why the others were skipped."""
+    good: list[Checkpoint] = []
+    skipped: list[str] = []
+    for path in reversed(steps_in(Path(folder))):
+        try:
+            good.append(_verify(path))
+        except DamagedCheckpoint as exc:
+            skipped.append(str(exc))
+    # a name that matches the manifest's step first among equal steps: that is the one this run wrote
+    good.sort(key=lambda c: (c.step, c.path.name == f"{PREFIX}{c.step:09d}", c.path.name), reverse=True)
+    return good, skipped
 
 
 def latest(folder: str | os.PathLike) -> tuple[Checkpoint | None, list[str]]:
-    """The newest checkpoint that verifies, and why any newer ones were skipped."""
-    skipped: list[str] = []
-    for path in sorted(Path(folder).glob(f"{PREFIX}*"), reverse=True):
+    """The newest checkpoint that verifies, and why the others that were passed over were skipped."""
+    good, skipped = candidates(folder)
+    return (good[0] if good else None), skipped
+
+
+def saved_run(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings the newest readable checkpoint's run was started with (``run`` in its manifest), or None."""
+    for path in sorted(steps_in(Path(folder)), key=lambda p: manifest_step(p) or -1, reverse=True):
         try:
-            return _verify(path), skipped
-        except DamagedCheckpoint as exc:
-            skipped.append(str(exc))
-    return None, skipped
+            run = json.loads((path / MANIFEST).read_text()).get("run")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(run, dict):
+            return run
+    return None
+
+
+def dead_end(folder: Path) -> str:
+    """The way out when every checkpoint in ``folder`` is damaged: keep them aside, start afresh."""
+    return (f"move them aside and start afresh: mv {folder} {folder}.damaged, then run without --resume; "
+            "or keep them and pass another --checkpoint-dir")
 
 
 def fingerprint_of(identity: dict[str, Any]) -> str:
@@ -259,6 +303,10 @@ def identity(model: torch.nn.Module, config: Any, world_size: int = 1) -> dict[s
             "sharding": "fsdp" if config.sharding == "fsdp" and world_size > 1 else "none"}
 
 
+class CheckpointNotWritten(GpuwiseError):
+    """A checkpoint that could not be written (a full disk, a folder gone): the ones before it are intact."""
+
+
 class Checkpointer:
     """A run's checkpoints, whole or sharded behind one interface: ``save(step, ...)`` and ``resume(...)``.
 
@@ -270,34 +318,78 @@ class Checkpointer:
     """
 
     def __init__(self, folder: str | os.PathLike, *, identity: dict[str, Any], ranks: Any = None,
-                 sharded: bool = False, keep: int = 3) -> None:
+                 sharded: bool = False, keep: int = 3, run: dict[str, Any] | None = None) -> None:
         from gpuwise.training.distributed import Ranks
 
         self.folder = Path(folder)
         check_writable(self.folder)
         self.identity, self.fingerprint = identity, fingerprint_of(identity)
-        self.ranks, self.sharded, self.keep = ranks or Ranks(), sharded, keep
+        self.ranks, self.sharded, self.keep, self.run = ranks or Ranks(), sharded, keep, run
+        self._lock: int | None = None
+
+    def lock(self) -> None:
+        """Hold ``.lock`` in the folder for the run (rank 0): a second trainer on the same folder is refused
+        instead of pruning the first one's checkpoints. The kernel drops the lock when the process dies."""
+        if not self.ranks.main or self._lock is not None:
+            return
+        path = self.folder / ".lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise GpuwiseError(f"cannot lock {path}: {exc.strerror or exc}", "pick a folder you can write to") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise GpuwiseError(f"cannot lock {path}: {exc.strerror or exc}",
+                                   "pick a folder on a file system with locks") from None
+            raise GpuwiseError(f"another gpuwise train is using {self.folder} ({path} is locked)",
+                               "wait for it to finish, or pass another --checkpoint-dir") from None
+        self._lock = fd
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor releases the flock
+            self._lock = None
 
     def _barrier(self) -> None:
         if self.ranks.world_size > 1:
             torch.distributed.barrier()
 
     def check_fresh(self) -> None:
-        """Refuse to start a new run over another run's checkpoints."""
+        """Refuse to start a new run over another run's checkpoints (naming the way out when all are damaged)."""
         existing = steps_in(self.folder)
-        if existing:
-            raise GpuwiseError(f"{self.folder} holds checkpoints of a run already (newest {existing[-1].name})",
-                               "pass --resume to continue it, or another --checkpoint-dir")
+        if not existing:
+            return
+        good, skipped = candidates(self.folder)
+        if not good:
+            raise GpuwiseError(f"{self.folder} holds {len(existing)} damaged checkpoint(s) and no usable one "
+                               f"({skipped[0]})", dead_end(self.folder))
+        raise GpuwiseError(f"{self.folder} holds checkpoints of a run already (newest {good[0].path.name})",
+                           "pass --resume to continue it, or another --checkpoint-dir")
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
              ) -> None:
-        """Checkpoint ``step``: the (unwrapped) model, the optimizer and ``state`` (plain data and tensors)."""
-        if self.sharded:
-            self._save_sharded(step, model, optimizer, state)
-        elif self.ranks.main:  # one writer: under DDP every process holds the same weights and optimizer state
-            save(self.folder, step, model_state=model.state_dict(),
-                 state={**state, "optimizer": optimizer.state_dict()}, fingerprint=self.fingerprint,
-                 keep=self.keep, identity=self.identity)
+        """Checkpoint ``step``: the (unwrapped) model, the optimizer and ``state`` (plain data and tensors).
+        A write that fails (a full disk) leaves the checkpoints before it as they were."""
+        try:
+            if self.sharded:
+                self._save_sharded(step, model, optimizer, state)
+            elif self.ranks.main:  # one writer: under DDP every process holds the same weights and optimizer state
+                save(self.folder, step, model_state=model.state_dict(),
+                     state={**state, "optimizer": optimizer.state_dict()}, fingerprint=self.fingerprint,
+                     keep=self.keep, identity=self.identity, run=self.run)
+        except (OSError, RuntimeError) as exc:  # torch.save and safetensors report a failed write as RuntimeError
+            if isinstance(exc, RuntimeError) and not isinstance(exc.__cause__ or exc.__context__, OSError) \
+                    and "write" not in str(exc).lower():
+                raise
+            good, _ = candidates(self.folder)
+            kept = f"; {good[0].path.name} is intact" if good else ""
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+            raise CheckpointNotWritten(f"cannot write checkpoint {PREFIX}{step:09d} in {self.folder}: {why}{kept}",
+                                       "free space there (df -h), or pass another --checkpoint-dir and --resume "
+                                       "from a copy") from None
         self._barrier()
 
     def _save_sharded(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -316,16 +408,19 @@ class Checkpointer:
         if self.ranks.main:
             torch.save(state, tmp / "state.pt")
             commit(self.folder, step, tmp, fingerprint=self.fingerprint, keep=self.keep,
-                   extra={"format": "dcp", "identity": self.identity})
+                   extra={"format": "dcp", "identity": self.identity, "run": self.run})
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, steps: int
-               ) -> tuple[dict[str, Any], list[str]]:
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, steps: int,
+               needs: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[str]]:
         """Load the newest good checkpoint into ``model`` and ``optimizer``, checked to be this run's and short of
         ``steps``; returns the rest of its state and the newer, damaged checkpoints that were passed over."""
-        found, skipped = latest(self.folder)
-        if found is None:
-            reason = f" ({'; '.join(skipped)})" if skipped else ""
-            raise GpuwiseError(f"no usable checkpoint in {self.folder}{reason}", "start without --resume")
+        good, skipped = candidates(self.folder)
+        if not good:
+            if not skipped:
+                raise GpuwiseError(f"no checkpoint in {self.folder} to resume from",
+                                   "start without --resume, or point --checkpoint-dir at the run's folder")
+            raise GpuwiseError(f"no usable checkpoint in {self.folder} ({'; '.join(skipped)})", dead_end(self.folder))
+        found = good[0]
         check_identity(found, self.identity)
         if found.step >= steps:
             raise GpuwiseError(f"{found.path.name} is at step {found.step} already, --steps is {steps}",
@@ -336,10 +431,24 @@ class Checkpointer:
                                "resume with the same --sharding and torchrun")
         if self.sharded:
             return self._load_sharded(found, model, optimizer), skipped
-        weights, state = load(found)
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(state.pop("optimizer"))
-        return state, skipped
+        for i, found in enumerate(good):  # one that passes its checksums but does not load: the one before it
+            try:
+                check_identity(found, self.identity)
+                weights, state = load(found)
+                model.load_state_dict(weights)
+                optimizer.load_state_dict(state.pop("optimizer"))
+                for key in needs:
+                    if key not in state:
+                        raise GpuwiseError(f"{found.path.name}/state.pt has no {key}")
+                return state, skipped
+            except (GpuwiseError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+                if i == len(good) - 1:
+                    why = exc.message if isinstance(exc, GpuwiseError) else first_line(exc)
+                    raise GpuwiseError(f"no checkpoint in {self.folder} loads (the oldest: {why})",
+                                       dead_end(self.folder)) from None
+                skipped.append(f"{found.path.name} does not load "
+                               f"({exc.message if isinstance(exc, GpuwiseError) else first_line(exc)})")
+        raise AssertionError("unreachable")
 
     def _load_sharded(self, found: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer
                       ) -> dict[str, Any]:

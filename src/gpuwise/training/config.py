@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 TrainSharding = Literal["ddp", "fsdp"]  # what train runs of the planner's ddp|zero1|zero2|fsdp
 Example = Literal["text", "image"]
+SEED_LIMIT = 1 << 32
 TEXT_SEQ = 128  # --example text: characters per sequence when --seq is not given
 IMAGE_SIZE = 32  # --example image: pixels per side when --image-size is not given
 
@@ -54,6 +55,7 @@ class TrainConfig:
     optimizer: Optimizer = "adamw"  # the trainer runs AdamW; the planner's other optimizers are plan only
     optimizer_in_backward: bool = False  # plan only
     loss: str = "standard"  # chunked or fused (gpuwise.models.loss): run for --example text, plan only otherwise
+    sync_batchnorm: bool = False  # under torchrun on GPUs: BatchNorm statistics over every process's micro-batch
 
     def __post_init__(self) -> None:
         from gpuwise.planning.setup import Checkpointing, Optimizer, _choice, _positive
@@ -87,6 +89,8 @@ class TrainConfig:
         if self.micro_batch is not None and self.batch % self.micro_batch:
             raise GpuwiseError(f"--batch {self.batch} is not a multiple of the micro-batch {self.micro_batch}",
                                "pick a batch that the micro-batch divides")
+        if not 0 <= self.seed < SEED_LIMIT:  # the batches' generators take seed x 1_000_003 + step: 64 bits
+            raise GpuwiseError(f"--seed {self.seed} is outside 0..{SEED_LIMIT - 1}", "pass e.g. --seed 1337")
         if not self.lr > 0:
             raise GpuwiseError(f"--lr {self.lr} must be positive", "pass e.g. --lr 3e-4")
 
@@ -97,10 +101,14 @@ class TrainConfig:
     def per_process(self, world_size: int) -> int:
         """This process's share of the global batch, checked to split over the processes and into micro-batches."""
         per_rank = self.batch // world_size
-        if self.batch % world_size or per_rank % (self.micro_batch or per_rank):
-            raise GpuwiseError(f"--batch {self.batch} does not split over {world_size} processes"
-                               + (f" in micro-batches of {self.micro_batch}" if self.micro_batch else ""),
-                               "make the batch a multiple of processes x micro-batch")
+        if self.batch % world_size:
+            raise GpuwiseError(f"--batch {self.batch} does not split over {world_size} processes",
+                               f"pass a --batch that {world_size} divides, e.g. "
+                               f"--batch {max(per_rank, 1) * world_size}")
+        if per_rank % (self.micro_batch or per_rank):
+            raise GpuwiseError(f"--batch {self.batch} over {world_size} processes is {per_rank} per process, which "
+                               f"micro-batches of {self.micro_batch} do not divide",
+                               "make the batch a multiple of processes x --micro-batch")
         return per_rank
 
     def for_device(self, target: Target) -> TrainConfig:
@@ -170,5 +178,8 @@ class TrainOptions:
             raise plan_only(f"{flag} (LoRA fine-tuning) is planned by gpuwise plan, not run by gpuwise train",
                             f"drop {flag.split()[0]}")
         _positive("gpus", self.gpus, 1 << 16)
+        if self.workers is not None and self.workers < 0:
+            raise GpuwiseError(f"--workers {self.workers} is negative",
+                               "pass 0 (load in the training process) or a number of worker processes")
         if self.resume and not self.checkpoint_dir:
             raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")

@@ -14,7 +14,7 @@ Either way :func:`stream` yields, from a given step on, this process's share of 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,15 +133,36 @@ class StepSampler(torch.utils.data.Sampler):
 
 
 def _split_item(batch: Any) -> tuple[Any, Any]:
-    """A collated Dataset batch: ``(inputs, target)`` pairs, or inputs alone (the model returns the loss)."""
+    """A collated Dataset batch: ``(inputs, target)`` pairs, inputs alone (the model returns the loss), or a dict
+    of keyword inputs (Hugging Face's input_ids, attention_mask, labels)."""
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    if isinstance(batch, (tuple, list)) and len(batch) == 1:
-        return batch[0], None
-    if isinstance(batch, torch.Tensor):
-        return batch, None
-    raise GpuwiseError(f"the dataset's items collate to {type(batch).__name__} of {len(batch)}",
-                       "return (input, target) pairs or single tensors from __getitem__")
+        x, y = batch[0], batch[1]
+    elif isinstance(batch, (tuple, list)) and len(batch) == 1:
+        x, y = batch[0], None
+    elif isinstance(batch, (torch.Tensor, Mapping)):
+        x, y = batch, None
+    else:
+        size = f" of {len(batch)}" if hasattr(batch, "__len__") else ""
+        raise GpuwiseError(f"the dataset's items collate to {type(batch).__name__}{size}",
+                           "return (input, target) pairs, single tensors or dicts of tensors from __getitem__")
+    for part, what in ((x, "input"), (y, "target")):
+        bad = _not_tensor(part)
+        if bad is not None:
+            raise GpuwiseError(f"the dataset's {what}s hold {bad}, not tensors",
+                               "turn them into tensors in __getitem__ (tokenize text there)")
+    return tuple(x) if isinstance(x, list) else x, y
+
+
+def _not_tensor(x: Any) -> str | None:
+    """What in a collated batch is not a tensor (``"str ('hello', ...)"``), None when all of it is."""
+    if x is None or isinstance(x, torch.Tensor):
+        return None
+    if isinstance(x, Mapping):
+        return next((f"{bad} under {k!r}" for k, v in x.items() for bad in [_not_tensor(v)] if bad), None)
+    if isinstance(x, (tuple, list)) and x and not isinstance(x[0], str):
+        return next((bad for bad in map(_not_tensor, x) if bad), None)
+    sample = x[0] if isinstance(x, (tuple, list)) and x else x
+    return f"{type(sample).__name__} ({str(sample)[:20]!r}{', ...' if isinstance(x, (tuple, list)) else ''})"
 
 
 @dataclass
@@ -186,6 +207,8 @@ def rows(x: Any, sl: slice) -> Any:
         return None
     if isinstance(x, torch.Tensor):
         return x[sl]
+    if isinstance(x, Mapping):
+        return {k: rows(v, sl) for k, v in x.items()}
     return tuple(rows(t, sl) for t in x)
 
 
@@ -194,6 +217,8 @@ def to_device(x: Any, device: torch.device) -> Any:
         return None
     if isinstance(x, torch.Tensor):
         return x.to(device, non_blocking=True)  # overlaps the copy with compute when the source is pinned
+    if isinstance(x, Mapping):
+        return {k: to_device(v, device) for k, v in x.items()}
     return tuple(to_device(t, device) for t in x)
 
 
@@ -202,11 +227,15 @@ def pinned(x: Any) -> Any:
         return None
     if isinstance(x, torch.Tensor):
         return x.pin_memory()
+    if isinstance(x, Mapping):
+        return {k: pinned(v) for k, v in x.items()}
     return tuple(pinned(t) for t in x)
 
 
 def batch_rows(x: Any) -> int:
-    return x.shape[0] if isinstance(x, torch.Tensor) else batch_rows(x[0])
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    return batch_rows(next(iter(x.values())) if isinstance(x, Mapping) else x[0])
 
 
 def stream(data: Any, start: int, steps: int, batch: int, rank: int = 0, world_size: int = 1,

@@ -42,6 +42,12 @@ def agree_min(ranks: Ranks, value: int, device: torch.device) -> int:
     return int(t.item())
 
 
-def stop(ranks: Ranks) -> None:
+def stop(ranks: Ranks, *, clean: bool = True) -> None:
+    """Leave the process group. After a run that finished (``clean``), wait for every process first: one that
+    tears down while another still talks to it makes NCCL or gloo abort the other at exit."""
     if ranks.world_size > 1 and dist.is_initialized():
+        if clean:
+            if torch.cuda.is_available() and dist.get_backend() == "nccl":
+                torch.cuda.synchronize()
+            dist.barrier()
         dist.destroy_process_group()

@@ -94,10 +94,41 @@ def apply_ddp(model: nn.Module, device: torch.device) -> nn.Module:
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def batchnorm_note(model: nn.Module, *, micro_batch: int, per_rank: int, world_size: int,
+                   synced: bool) -> str | None:
+    """What BatchNorm makes of this layout, in words, when its statistics are not the whole batch's (None when
+    they are, or when the model has no BatchNorm)."""
+    if not any(isinstance(m, BATCHNORMS) for m in model.modules()):
+        return None
+    over = micro_batch * world_size if synced else micro_batch
+    if over == per_rank * world_size:
+        return None
+    how = ([f"micro-batches of {micro_batch}"] if micro_batch < per_rank else []) + (
+        [f"{world_size} processes each on its own"] if world_size > 1 and not synced else [])
+    fix = ("" if synced or world_size == 1 else "--sync-batchnorm (GPUs) shares them over the processes; ") + \
+        ("a larger --micro-batch, or GroupNorm, gives the same step as one batch" if micro_batch < per_rank
+         else "GroupNorm gives the same step as one batch")
+    return (f"BatchNorm normalises over {over} samples, not the batch of {per_rank * world_size} "
+            f"({' and '.join(how)}): {fix}")
+
+
+def apply_sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
+    """BatchNorm layers that share their statistics over the processes (the same parameters, kept in place)."""
+    if device.type != "cuda":
+        raise GpuwiseError("--sync-batchnorm runs on GPUs only (torch's SyncBatchNorm has no CPU kernel)",
+                           "drop --sync-batchnorm, or train on GPUs")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 def parallelize(model: nn.Module, optimizer: torch.optim.Optimizer, config: TrainConfig, *, device: torch.device,
                 world_size: int) -> Parallelized:
     """``config``'s checkpointing, sharding and compile applied to ``model`` (its precision must be decided)."""
     spec = PRECISIONS[config.precision]
+    if config.sync_batchnorm and world_size > 1:
+        model = apply_sync_batchnorm(model, device)
     if spec.float8:  # before checkpointing and sharding wrap the model, as torchtitan's converters run first
         apply_float8(model)
     if config.checkpointing != "none":

@@ -137,9 +137,11 @@ def _precision_reason(opts: TrainOptions, target: Target) -> str:
 
 def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None = None,
                  on_event: Callable[[str], None] | None = None, environ: Mapping[str, str] | None = None,
-                 machine: LocalMachine | None = None) -> TrainSummary:
-    """Train as ``gpuwise train`` does; ``on_event`` hears the choices made (auto settings, OOM retries).
-    ``machine`` (default: this one, probed) is where ``--device`` is looked up."""
+                 machine: LocalMachine | None = None, on_resume: Callable[[int], None] | None = None
+                 ) -> TrainSummary:
+    """Train as ``gpuwise train`` does; ``on_event`` hears the choices made (auto settings, OOM retries),
+    ``on_resume`` the step a resumed run continues from. ``machine`` (default: this one, probed) is where
+    ``--device`` is looked up."""
     import torch
 
     from gpuwise.hardware.device import local_machine
@@ -150,14 +152,17 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
     ranks = Ranks.from_environ(environ)  # set by torchrun
     prepared = prepare(opts, ranks, machine or local_machine(environ))
     start(ranks, torch.device(prepared.target.name))
+    finished = False
     try:
         with tf32_matmuls(PRECISIONS[prepared.config.precision].tf32):  # a process setting: the run's, not the loop's
-            return _run(opts, prepared, ranks, on_log, on_event)
+            summary = _run(opts, prepared, ranks, on_log, on_event, on_resume)
+        finished = True
+        return summary
     finally:
-        stop(ranks)
+        stop(ranks, clean=finished)
 
 
-def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event) -> TrainSummary:
+def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event, on_resume=None) -> TrainSummary:
     import torch
 
     from gpuwise.optim import param_groups
@@ -194,6 +199,9 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event)
     torch.manual_seed(config.seed)
     with torch.device(name):
         model = task.build()
+    if not any(p.requires_grad for p in model.parameters()):
+        raise GpuwiseError(f"{opts.model or task.name}: the model has no trainable parameters",
+                           "return a model with parameters (requires_grad) from the --model function")
     spec = PRECISIONS[config.precision]
     if spec.weight_dtype != torch.float32:  # pure bf16: the weights themselves are 16-bit
         model = model.to(spec.weight_dtype)
@@ -222,7 +230,10 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event)
         monitor = Monitor(device=name, gpus=target.gpu)  # every rank: DDP's timing hook must be on all of them
     runtime = Runtime(device=target, ranks=ranks, checkpoint_dir=opts.checkpoint_dir, flops_per_step=flops,
                       predicted_peak=predicted_peak, oom_advice=oom_advice, on_log=on_log, on_event=on_event,
-                      monitor=monitor)
+                      monitor=monitor, on_resume=on_resume, run=saved_settings(opts, config))
+    if config.compile:
+        say("compiling the model (torch.compile): the first steps are slow; compiled kernels may round differently "
+            "from eager ones, so a resume matches the run bit for bit in eager mode only")
     trainer = Trainer(model, optimizer, task.data, config, loss_fn=task.loss_fn, eval_data=task.eval_data,
                       runtime=runtime)
     if monitor is not None:
@@ -350,3 +361,56 @@ def _context(task, target: Target, config, world: int, one, micro: int, predicte
                         kernels_per_step=kernels)
     except GpuwiseError:
         return ctx
+
+
+# Settings a checkpoint keeps so ``--resume`` need not repeat them: those that change what is trained (a
+# different value is a conflict) and those that only say how long and how often (the new value wins).
+FIXED = ("example", "model", "data", "seq", "image_size", "batch", "lr", "seed", "precision", "sharding")
+CARRIED = ("steps", "checkpoint_every", "log_every", "eval_every", "checkpointing", "compile", "loss", "workers",
+           "warmup_steps", "weight_decay", "grad_clip", "min_lr_ratio", "sync_batchnorm")
+OPTION_FIELDS = ("example", "model", "data", "seq", "image_size", "workers")
+
+
+def saved_settings(opts: TrainOptions, config: TrainConfig) -> dict[str, object]:
+    """What a checkpoint of this run records of its settings (plain JSON values)."""
+    settings = {name: getattr(opts if name in OPTION_FIELDS else config, name) for name in (*FIXED, *CARRIED)}
+    builtin = None if opts.model else opts.example  # the sizes the built-in examples default to, written out
+    settings["seq"] = opts.seq if opts.seq is not None else TEXT_SEQ if builtin == "text" else None
+    settings["image_size"] = opts.image_size if opts.image_size is not None else IMAGE_SIZE \
+        if builtin == "image" else None
+    return settings
+
+
+def _flag(name: str, value: object) -> str:
+    return f"--{name.replace('_', '-')} {value}"
+
+
+def resume_options(opts: TrainOptions, given: set[str]) -> tuple[TrainOptions, list[str]]:
+    """``opts`` with the settings of the run in ``--checkpoint-dir`` wherever ``given`` (the flags typed) does not
+    name them; a typed flag that changes what is trained is refused, naming both values. Returns the notes of
+    what was taken from the checkpoint."""
+    from gpuwise.training.checkpoint import saved_run
+
+    saved = saved_run(opts.checkpoint_dir) if opts.resume and opts.checkpoint_dir else None
+    if not saved:
+        return opts, []
+    mine = saved_settings(opts, opts.config)
+    for name in FIXED:
+        if name in given and name in saved and saved[name] is not None and mine[name] != saved[name]:
+            raise GpuwiseError(f"{_flag(name, mine[name])} here, {saved[name]} in the checkpoint "
+                               f"({opts.checkpoint_dir})", f"drop {_flag(name, '').strip()} to resume with the "
+                               "checkpoint's value, or start afresh with another --checkpoint-dir")
+    taken = {name: saved[name] for name in (*FIXED, *CARRIED)
+             if name in saved and name not in given and saved[name] != mine[name]}
+    if "model" in taken and "example" not in taken:  # a model run: the example flag does not apply
+        taken.pop("example", None)
+    option_part = {k: v for k, v in taken.items() if k in OPTION_FIELDS}
+    config_part = {k: v for k, v in taken.items() if k not in OPTION_FIELDS}
+    try:
+        config = replace(opts.config, **config_part)
+        resumed = replace(opts, config=config, **option_part)
+    except (TypeError, GpuwiseError) as exc:
+        raise GpuwiseError(f"the settings in {opts.checkpoint_dir} do not apply here ({exc})",
+                           "pass the run's flags again with --resume") from None
+    notes = [f"resuming with the checkpoint's {', '.join(_flag(k, v) for k, v in taken.items())}"] if taken else []
+    return resumed, notes

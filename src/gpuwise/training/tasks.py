@@ -116,10 +116,10 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
 
     path, name = _function(model_spec, "--model")
     source = FileSource(path=path, function=name)
-    fn = source.load()
+    fn = _no_exit(source.load, f"importing {path.name}")
 
     def build_real(rows: int):
-        return call_model_function(source.name, fn, rows, fake=False)
+        return _no_exit(lambda: call_model_function(source.name, fn, rows, fake=False), f"{path.name}:{name}()")
 
     if data_spec is None:
         with torch.random.fork_rng(devices=[]):  # the same example inputs in every run and every process
@@ -128,9 +128,11 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
         data, eval_data = Fixed(inputs), None
     else:
         data_path, data_name = _function(data_spec, "--data")
-        data_fn = FileSource(path=data_path, function=data_name).load()
+        data_fn = _no_exit(FileSource(path=data_path, function=data_name).load, f"importing {data_path.name}")
         try:
-            made = data_fn()
+            made = _no_exit(data_fn, f"{data_path.name}:{data_name}()")
+        except GpuwiseError:
+            raise
         except Exception as exc:
             raise GpuwiseError(f"{data_path.name}:{data_name}() raised {first_line(exc)}",
                                "fix the function; it takes no arguments and returns a Dataset") from exc
@@ -144,3 +146,12 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
 
     return Task(name=source.name, build=build, data=data, eval_data=eval_data, loss_fn=default_loss,
                 source=source, unit="samples")
+
+
+def _no_exit(call: Callable[[], Any], what: str) -> Any:
+    """``call()``, with a ``sys.exit`` in the user's code turned into a one-line error instead of a silent exit."""
+    try:
+        return call()
+    except SystemExit as exc:
+        raise GpuwiseError(f"{what} called sys.exit({exc.code})",
+                           "guard the script part with if __name__ == '__main__', or raise an exception") from None

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import batch_rows, rows, stream, to_device
 from gpuwise.training.distributed import Ranks
-from gpuwise.training.parallelize import gradient_sync, parallelize
+from gpuwise.training.parallelize import batchnorm_note, gradient_sync, parallelize
 from gpuwise.units import human_bytes
 
 OutOfMemory = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -42,6 +44,20 @@ LIVE_WINDOW = 50  # steps the progress line's diagnosis looks back over
 LossFn = Callable[[nn.Module, Any, Any], torch.Tensor]
 
 CPU = Target(name="cpu", backend="cpu", index=None, model="cpu", row=None, bf16=False, memory_total_bytes=None)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after ``step``; ``saved`` is the checkpoint that holds it (None without a folder)."""
+
+    def __init__(self, step: int, saved: Path | None) -> None:
+        super().__init__(step, saved)
+        self.step, self.saved = step, saved
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s randomness (dropout) after the weights are made: one stream per process,
+    so the ranks do not draw the same masks (rank 0 keeps ``seed``)."""
+    return seed + 1_000_003 * rank if rank else seed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +103,8 @@ class Runtime:
     on_log: Callable[[StepLog], None] | None = None
     on_event: Callable[[str], None] | None = None  # the trainer's own choices, in words (an OOM retry)
     monitor: Any = None  # a started gpuwise.Monitor: every step's timings go to it (monitor.sampler)
+    on_resume: Callable[[int], None] | None = None  # hears the step a resumed run continues from
+    run: dict[str, Any] | None = None  # the run's settings, kept in each checkpoint so --resume need not repeat them
 
 
 def mfu_peak_tflops(target: Target, precision: str) -> float | None:
@@ -111,11 +129,30 @@ def cosine_with_warmup(config: TrainConfig) -> Callable[[int], float]:
 def default_loss(model: nn.Module, x: Any, y: Any) -> torch.Tensor:
     """The model's output is the loss when there is no target (or when it is a scalar); with a target,
     cross-entropy for integer targets (logits last), mean squared error for float ones."""
-    out = model(*x) if isinstance(x, tuple) else model(x)
-    if hasattr(out, "loss") and isinstance(out.loss, torch.Tensor):
-        return out.loss
+    if isinstance(x, Mapping):  # Hugging Face style: input_ids, attention_mask, labels as keywords
+        out = model(**x)
+        y = x.get("labels") if y is None else y
+    else:
+        out = model(*x) if isinstance(x, tuple) else model(x)
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, Mapping) or hasattr(out, "logits"):  # a dict or a ModelOutput without a loss: its logits
+        logits = out.get("logits") if isinstance(out, Mapping) else out.logits
+        if not isinstance(logits, torch.Tensor):
+            keys = ", ".join(map(str, out)) if isinstance(out, Mapping) else type(out).__name__
+            raise GpuwiseError(f"the model's forward returns {type(out).__name__} ({keys}) with no 'loss' or "
+                               "'logits' tensor", "return the loss, or a dict with 'loss' or 'logits'")
+        if y is None:
+            raise GpuwiseError("the model returns logits but no loss, and the data has no targets",
+                               "give the items a target or 'labels', or return the loss from forward")
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1),
+                                           ignore_index=-100)  # -100: Hugging Face's "not a target"
     if isinstance(out, (tuple, list)):
         out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise GpuwiseError(f"the model's forward returns {type(out).__name__}, not a tensor",
+                           "return the loss, the logits, or a dict with 'loss' or 'logits'")
     if y is None or out.dim() == 0:
         return out if out.dim() == 0 else out.float().square().mean()
     if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
@@ -156,14 +193,20 @@ class Trainer:
         self.peak_tflops = mfu_peak_tflops(runtime.device, config.precision)
         self.module = model  # unwrapped: what checkpoints hold
         sharded = config.sharding == "fsdp" and self.ranks.world_size > 1
+        if not any(p.requires_grad for p in model.parameters()):
+            raise GpuwiseError(f"{type(model).__name__} has no trainable parameters (it has "
+                               f"{sum(1 for _ in model.parameters())} parameters, none with requires_grad)",
+                               "return a model with parameters to train from --model's function")
         self.checkpointer = None if runtime.checkpoint_dir is None else ckpt.Checkpointer(
             runtime.checkpoint_dir, identity=ckpt.identity(model, config, self.ranks.world_size), ranks=self.ranks,
-            sharded=sharded, keep=config.keep)
+            sharded=sharded, keep=config.keep, run=runtime.run)
         if self.checkpointer is None and config.checkpoint_every:
             raise GpuwiseError("--checkpoint-every needs a folder", "pass --checkpoint-dir DIR")
         p = parallelize(model, optimizer, config, device=self.device, world_size=self.ranks.world_size)
         self.model, self.optimizer, self.sharded = p.model, p.optimizer, p.sharded
         self.autocast_dtype = p.autocast_dtype
+        if self.ranks.world_size > 1:  # the weights are made and broadcast: now each process its own dropout
+            torch.manual_seed(rank_seed(config.seed, self.ranks.rank))
         self.data, self.loss_fn = _as_batches(data, config), loss_fn
         self.eval_data = None if eval_data is None else _as_batches(eval_data, config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, cosine_with_warmup(config))
@@ -173,6 +216,10 @@ class Trainer:
         self.skipped_steps = 0  # fp16: updates the scaler skipped, over the whole run
         self.retried = False  # an OOM is retried once per run
         self.events: list[str] = []
+        note = batchnorm_note(model, micro_batch=self.micro_batch, per_rank=self.per_rank,
+                              world_size=self.ranks.world_size, synced=config.sync_batchnorm)
+        if note:
+            self._note(note)
         self.monitor = runtime.monitor
         self.comm = None  # times DDP's all-reduce for the monitor (exposed communication)
         if self.monitor is not None and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -196,17 +243,28 @@ class Trainer:
         if self.checkpointer is not None:
             state = {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                      "rng": ckpt.rng_state(), "step": self.step, "skipped_steps": self.skipped_steps}
+            if self.ranks.world_size > 1:  # each process's own random stream (dropout), for an exact resume
+                streams: list[Any] = [None] * self.ranks.world_size
+                torch.distributed.all_gather_object(streams, ckpt.rng_state())
+                state["rng_ranks"] = streams
             self.checkpointer.save(self.step, self.module, self.optimizer, state)
 
     def _resume(self) -> int:
         if self.checkpointer is None:
             raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
-        state, skipped = self.checkpointer.resume(self.module, self.optimizer, steps=self.config.steps)
+        state, skipped = self.checkpointer.resume(self.module, self.optimizer, steps=self.config.steps,
+                                                  needs=("scheduler", "scaler", "rng", "step"))
         if skipped and self.runtime.on_event and self.ranks.main:
             self.runtime.on_event(f"skipped {len(skipped)} damaged checkpoint(s): {'; '.join(skipped)}")
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        ckpt.set_rng_state(state["rng"])
+        streams = state.get("rng_ranks")
+        if self.ranks.world_size > 1 and streams is not None and len(streams) == self.ranks.world_size:
+            ckpt.set_rng_state(streams[self.ranks.rank])
+        else:
+            ckpt.set_rng_state(state["rng"])
+            if self.ranks.world_size > 1:  # another number of processes: a fresh stream per process
+                torch.manual_seed(rank_seed(self.config.seed + int(state["step"]), self.ranks.rank))
         self.step, self.skipped_steps = int(state["step"]), int(state.get("skipped_steps", 0))
         return self.step
 
@@ -225,8 +283,11 @@ class Trainer:
             with self._autocast(), sync:
                 try:
                     loss = self.loss_fn(self.model, xm, ym)
-                except OutOfMemory:
+                except (OutOfMemory, GpuwiseError):
                     raise
+                except SystemExit as exc:  # the user's forward called sys.exit: not a reason to vanish silently
+                    raise GpuwiseError(f"the model's forward called sys.exit({exc.code}) at step {self.step + 1}",
+                                       "raise an exception in the model instead of exiting") from None
                 except Exception as exc:
                     if not first_step:
                         raise
@@ -290,9 +351,15 @@ class Trainer:
                 parts.append(advice)
         return "; ".join(parts)
 
-    def _check_finite(self, loss: torch.Tensor) -> None:
+    def _check_finite(self, loss: torch.Tensor, x: Any = None, y: Any = None) -> None:
         if not torch.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
+            for what, part in (("inputs", x), ("targets", y)):  # the data first: no learning rate cures a NaN input
+                bad = _non_finite(part)
+                if bad:
+                    raise GpuwiseError(f"the batch of step {self.step + 1} holds {bad} in its {what}, and the loss "
+                                       f"is {loss.item()}", "clean the data (torch.nan_to_num, or drop those items)"
+                                       " in the Dataset")
             raise GpuwiseError(f"the loss is {loss.item()} at step {self.step + 1}",
                                "lower --lr, or use --precision bf16-mixed (fp16 overflows where bf16 does not)"
                                + (f"; the fp16 scaler skipped {self.skipped_steps} steps before"
@@ -356,6 +423,9 @@ class Trainer:
             return next(batches)
         except GpuwiseError:
             raise
+        except SystemExit as exc:
+            raise GpuwiseError(f"the Dataset called sys.exit({exc.code}) reading the batch of step {self.step + 1}",
+                               "raise an exception in __getitem__ instead of exiting") from None
         except Exception as exc:  # the user's Dataset or its collation
             raise GpuwiseError(f"reading the batch of step {self.step + 1} failed: {first_line(exc)}",
                                "check the Dataset: every item (input, target) with the same shapes") from exc
@@ -396,17 +466,61 @@ class Trainer:
     def fit(self, *, resume: bool = False) -> TrainResult:
         """Train to ``config.steps`` (from the newest good checkpoint with ``resume``). A one-line error
         (bad data, a non-finite loss, an OOM that a retry did not cure) first saves the steps done so far."""
-        if not resume and self.checkpointer is not None:
-            self.checkpointer.check_fresh()
-        resumed = self._resume() if resume else None
-        self.saved = self.step
+        if self.checkpointer is not None:
+            self.checkpointer.lock()
         try:
-            return self._loop(resumed)
-        except GpuwiseError:
-            if self.step > self.saved and self.ranks.world_size == 1:  # keep what was trained
-                self._save()
-                self.events.append(f"saved step {self.step} before stopping")
-            raise
+            if not resume and self.checkpointer is not None:
+                self.checkpointer.check_fresh()
+            resumed = self._resume() if resume else None
+            if resumed is not None and self.runtime.on_resume is not None and self.ranks.main:
+                self.runtime.on_resume(resumed)
+            self.saved = self.step
+            with self._stop_on_interrupt():
+                try:
+                    return self._loop(resumed)
+                except ckpt.CheckpointNotWritten:
+                    raise  # saving again would fail again; the checkpoints before it are intact
+                except GpuwiseError:
+                    if self.step > self.saved and self.ranks.world_size == 1:  # keep what was trained
+                        self._save()
+                        self.events.append(f"saved step {self.step} before stopping")
+                    raise
+                except KeyboardInterrupt:
+                    raise self._interrupted() from None
+        finally:
+            if self.checkpointer is not None:
+                self.checkpointer.unlock()
+
+    @contextlib.contextmanager
+    def _stop_on_interrupt(self):
+        """The first Ctrl-C lets the step in progress finish (a half-applied update is never saved); the second
+        stops at once. One process only: under torchrun every process must stop at the same step."""
+        self.interrupted = self.forced = False
+        if self.ranks.world_size > 1 or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self.interrupted:
+                self.forced = True  # mid-step: the state may be half updated, so nothing is saved
+                raise KeyboardInterrupt
+            self.interrupted = True
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _interrupted(self) -> Interrupted:
+        """Save the steps trained since the last checkpoint, and say where the run stopped."""
+        if self.checkpointer is None:
+            return Interrupted(self.step, None)
+        if self.step > self.saved and not getattr(self, "forced", False):
+            self._save()
+            self.saved = self.step
+        found, _ = ckpt.latest(self.checkpointer.folder)
+        return Interrupted(self.step, found.path if found is not None else None)
 
     def _loop(self, resumed: int | None) -> TrainResult:
         cfg, world = self.config, self.ranks.world_size
@@ -416,6 +530,8 @@ class Trainer:
         batches = stream(self.data, self.step, cfg.steps, cfg.batch, self.ranks.rank, world,
                          pin=self.device.type == "cuda")
         while self.step < cfg.steps:
+            if getattr(self, "interrupted", False):
+                raise KeyboardInterrupt
             t0, cpu0 = time.perf_counter(), time.process_time()
             self.timer.reset_peak_memory()
             x, y = self._next(batches)  # this process's share of the step's global batch
@@ -427,7 +543,7 @@ class Trainer:
             if world > 1:  # the loss of the global batch, as one process would see it
                 torch.distributed.all_reduce(loss)
                 loss /= world
-            self._check_finite(loss)
+            self._check_finite(loss, x, y)
             grad_norm, skipped = self._update()
             if marks is not None:
                 marks.append(self._mark())
@@ -460,3 +576,13 @@ class Trainer:
                            logs=tuple(logs), skipped_steps=self.skipped_steps,
                            seconds=time.perf_counter() - start, resumed_from=resumed, micro_batch=self.micro_batch,
                            grad_accum=self.per_rank // self.micro_batch, events=tuple(self.events))
+
+
+def _non_finite(x: Any) -> str | None:
+    """"NaN" or "Inf" where a floating tensor in ``x`` (a tensor, tuple or dict of them) holds one, else None."""
+    if isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            return None
+        return "NaN" if torch.isnan(x).any() else "Inf" if torch.isinf(x).any() else None
+    parts = x.values() if isinstance(x, Mapping) else x if isinstance(x, (tuple, list)) else ()
+    return next((bad for bad in map(_non_finite, parts) if bad), None)

@@ -1,0 +1,370 @@
+"""The trainer under what newcomers and adversaries do: Ctrl-C, full disks, two trainers on one folder, odd
+seeds and data, renamed or damaged checkpoints, a resume without the original flags, misleading hints, Hugging
+Face items, DDP randomness and BatchNorm, and the history kept above the progress bar. All in-process."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+from conftest import run_cli
+from gpuwise.errors import GpuwiseError
+from gpuwise.training import checkpoint as ckpt
+from gpuwise.training.config import TrainConfig, TrainOptions
+from gpuwise.training.run import resume_options
+from gpuwise.training.trainer import Interrupted, Runtime, Trainer, default_loss
+
+TINY = ["train", "--batch", "4", "--seq", "16", "--no-monitor", "--no-auto"]
+
+
+class Items(torch.utils.data.Dataset):
+    """(x, y) pairs of a linear map; ``make`` shapes one item."""
+
+    def __init__(self, n=32, make=None):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.w = torch.randn(n, 4, generator=g), torch.randn(4, 2, generator=g)
+        self.make = make or (lambda x, y: (x, y))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.make(self.x[i], self.x[i] @ self.w)
+
+
+def _trainer(tmp_path=None, steps=6, data=None, model=None, **cfg) -> Trainer:
+    torch.manual_seed(0)
+    model = model or nn.Linear(4, 2)
+    config = TrainConfig(steps=steps, batch=4, lr=1e-2, **cfg)
+    runtime = Runtime(checkpoint_dir=tmp_path)
+    return Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), data or Items(), config, runtime=runtime)
+
+
+# -- 1. Ctrl-C ----------------------------------------------------------------------------------------------------
+
+class Interrupting(Items):
+    """Sends this process SIGINT while reading the batch of step ``at``."""
+
+    def __init__(self, at: int, twice: bool = False):
+        super().__init__()
+        self.at, self.twice = at, twice
+
+    def __getitem__(self, i):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 4 * (self.at - 1) + 1:  # the first item of that step's batch of 4
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().__getitem__(i)
+
+
+def test_ctrl_c_finishes_the_step_saves_it_and_says_where(tmp_path):
+    t = _trainer(tmp_path, steps=20, data=Interrupting(at=5), checkpoint_every=100)
+    with pytest.raises(Interrupted) as caught:
+        t.fit()
+    assert caught.value.step == 5 and caught.value.saved.name == "step-000000005"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    resumed = _trainer(tmp_path, steps=20)
+    assert resumed.fit(resume=True).resumed_from == 5
+
+
+def test_ctrl_c_on_the_command_line_exits_130_with_the_step_and_the_way_on(capsys, tmp_path, monkeypatch):
+    import gpuwise.training.run as run
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted(7, tmp_path / "step-000000007")
+
+    monkeypatch.setattr(run, "run_training", interrupted)
+    code, _, err = run_cli(capsys, *TINY, "--checkpoint-dir", str(tmp_path))
+    assert code == 130 and "stopped at step 7; saved step-000000007; continue with --resume" in err
+
+
+# -- 2. full disks, locks, odd inputs -----------------------------------------------------------------------------
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_checkpoint_before(tmp_path, monkeypatch):
+    t = _trainer(tmp_path, steps=4, checkpoint_every=2)
+    real = ckpt.save_file
+
+    def full(tensors, path):
+        if "000000004" in path:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(tensors, path)
+
+    monkeypatch.setattr(ckpt, "save_file", full)
+    with pytest.raises(GpuwiseError, match=r"cannot write checkpoint step-000000004 .*No space left on device; "
+                                           r"step-000000002 is intact"):
+        t.fit()
+    assert [p.name for p in ckpt.steps_in(tmp_path)] == ["step-000000002"]
+    assert not list(tmp_path.glob(".step-*"))  # the half-written one is gone
+
+
+def test_a_full_disk_for_the_log_warns_once_and_training_goes_on(capsys, tmp_path, monkeypatch):
+    from gpuwise import files
+
+    writes = []
+
+    class Full(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files, "open_log", lambda path: Full())
+    code, _, err = run_cli(capsys, *TINY, "--steps", "4", "--log-every", "1", "--log", str(tmp_path / "l.jsonl"))
+    assert code == 0, err
+    assert err.count("cannot write the log") == 1 and "No space left on device" in err and len(writes) == 1
+
+
+def test_a_second_trainer_on_the_same_folder_is_refused_in_one_line(tmp_path):
+    first = ckpt.Checkpointer(tmp_path, identity={})
+    first.lock()
+    second = _trainer(tmp_path)
+    with pytest.raises(GpuwiseError, match=r"another gpuwise train is using .* is locked"):
+        second.fit()
+    first.unlock()
+    assert second.fit().steps == 6  # free again; and fit released its own lock
+    third = ckpt.Checkpointer(tmp_path, identity={})
+    third.lock()
+    third.unlock()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--seed", str(1 << 70)], "--seed 1180591620717411303424 is outside 0..4294967295"),
+    (["--seed", "-1"], "--seed -1 is outside"),
+    (["--workers", "-1", "--model", "m.py:f"], "--workers -1 is negative"),
+])
+def test_bad_values_are_one_line(capsys, args, message):
+    code, _, err = run_cli(capsys, *TINY, "--steps", "2", *args)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_string_items_name_what_they_hold():
+    t = _trainer(data=Items(make=lambda x, y: ("some text", y)))
+    with pytest.raises(GpuwiseError, match=r"the dataset's inputs hold str \('some text', \.\.\.\), not tensors"):
+        t.fit()
+
+
+def test_a_model_without_parameters_is_refused():
+    with pytest.raises(GpuwiseError, match="ReLU has no trainable parameters"):
+        Trainer(nn.ReLU(), torch.optim.SGD([torch.zeros(1, requires_grad=True)]), Items(), TrainConfig(batch=4))
+
+
+def test_sys_exit_in_the_users_module_is_one_line(capsys, tmp_path):
+    (tmp_path / "m.py").write_text("import sys\nsys.exit(0)\n")
+    code, _, err = run_cli(capsys, "train", "--steps", "2", "--model", f"{tmp_path}/m.py:build")
+    assert code == 2 and "importing m.py called sys.exit(0)" in err and err.count("\n") == 1, err
+
+    class Quits(nn.Linear):
+        def forward(self, x):
+            raise SystemExit(3)
+
+    with pytest.raises(GpuwiseError, match=r"forward called sys.exit\(3\) at step 1"):
+        _trainer(model=Quits(4, 2)).fit()
+
+
+# -- 3. checkpoint folders ----------------------------------------------------------------------------------------
+
+def test_order_and_pruning_follow_the_manifest_not_the_name(tmp_path):
+    t = _trainer(tmp_path, steps=6, checkpoint_every=2)
+    t.fit()  # steps 2, 4, 6
+    os.rename(tmp_path / "step-000000002", tmp_path / "step-000000999")  # renamed by hand
+    (tmp_path / "step-junk").mkdir()  # junk: no manifest
+    found, _ = ckpt.latest(tmp_path)
+    assert found.step == 6 and found.path.name == "step-000000006"
+    more = _trainer(tmp_path, steps=10, checkpoint_every=2)
+    assert more.fit(resume=True).resumed_from == 6
+    names = sorted(p.name for p in tmp_path.glob("step-*"))
+    assert names == ["step-000000006", "step-000000008", "step-000000010", "step-junk"]  # 3 kept, junk untouched
+
+
+def test_a_checkpoint_that_verifies_but_does_not_load_falls_back_to_the_one_before(tmp_path, capsys):
+    _trainer(tmp_path, steps=4, checkpoint_every=2).fit()
+    newest = tmp_path / "step-000000004"
+    state = torch.load(newest / "state.pt", weights_only=True)
+    del state["scheduler"]
+    torch.save(state, newest / "state.pt")
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = {"bytes": (newest / "state.pt").stat().st_size,
+                                     "sha256": ckpt._sha256(newest / "state.pt")}
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    result = _trainer(tmp_path, steps=6).fit(resume=True)
+    assert result.resumed_from == 2
+
+
+def test_all_checkpoints_damaged_offers_the_way_out(tmp_path):
+    _trainer(tmp_path, steps=4, checkpoint_every=2).fit()
+    for path in ckpt.steps_in(tmp_path):
+        (path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(GpuwiseError) as caught:
+        _trainer(tmp_path, steps=6).fit(resume=True)
+    assert "no usable checkpoint" in caught.value.message and f"mv {tmp_path} {tmp_path}.damaged" in caught.value.hint
+    with pytest.raises(GpuwiseError) as caught:
+        _trainer(tmp_path, steps=6).fit()  # and without --resume: not "pass --resume"
+    assert "no usable one" in caught.value.message and "pass --resume" not in caught.value.hint
+
+
+def test_the_log_after_a_resume_is_one_series(capsys, tmp_path):
+    log, ckpts = tmp_path / "log.jsonl", tmp_path / "ckpt"
+    args = [*TINY, "--steps", "4", "--log-every", "1", "--checkpoint-dir", str(ckpts), "--log", str(log)]
+    assert run_cli(capsys, *args, "--checkpoint-every", "2")[0] == 0
+    shutil.rmtree(ckpts / "step-000000004")  # stopped after step 2's checkpoint; the log went on to 4
+    code, _, err = run_cli(capsys, *args, "--resume")
+    assert code == 0, err
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+# -- 4. resume without retyping the flags --------------------------------------------------------------------------
+
+def test_resume_takes_the_checkpoints_flags_and_names_a_real_conflict(capsys, tmp_path):
+    ckpts = str(tmp_path / "c")
+    assert run_cli(capsys, *TINY, "--steps", "4", "--lr", "1e-3", "--checkpoint-dir", ckpts,
+                   "--checkpoint-every", "2")[0] == 0
+    shutil.rmtree(tmp_path / "c" / "step-000000004")
+    code, out, err = run_cli(capsys, "train", "--checkpoint-dir", ckpts, "--resume", "--no-monitor", "--no-auto",
+                             "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["resumed_from"] == 2 and summary["steps"] == 4 and summary["batch"] == 4
+    _, notes = resume_options(TrainOptions(checkpoint_dir=ckpts, resume=True), set())
+    assert "--seq 16" in notes[0] and "--lr 0.001" in notes[0] and "--steps 4" in notes[0]
+    code, _, err = run_cli(capsys, "train", "--checkpoint-dir", ckpts, "--resume", "--seq", "32", "--steps", "6")
+    assert code == 2 and "--seq 32 here, 16 in the checkpoint" in err and err.count("\n") == 1
+
+
+# -- 5. hints that name the cause ----------------------------------------------------------------------------------
+
+def test_nan_in_the_batch_is_blamed_on_the_data_not_the_learning_rate():
+    def poisoned(x, y):
+        return x.clone().fill_(float("nan")), y
+
+    with pytest.raises(GpuwiseError, match="the batch of step 1 holds NaN in its inputs") as caught:
+        _trainer(data=Items(make=poisoned)).fit()
+    assert "--lr" not in str(caught.value)
+    with pytest.raises(GpuwiseError, match="holds Inf in its targets"):
+        _trainer(data=Items(make=lambda x, y: (x, y + float("inf")))).fit()
+
+
+def test_a_forward_returning_a_dict_uses_its_loss_or_logits():
+    class DictOut(nn.Linear):
+        def forward(self, x):
+            return {"logits": super().forward(x)}
+
+    model = DictOut(4, 3)
+    y = torch.tensor([0, 2])
+    loss = default_loss(model, torch.randn(2, 4), y)
+    assert loss.dim() == 0
+    with pytest.raises(GpuwiseError, match=r"returns dict \(hidden\) with no 'loss' or 'logits'"):
+        default_loss(lambda x: {"hidden": x}, torch.randn(2, 4), y)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_names_no_micro_batch():
+    with pytest.raises(GpuwiseError) as caught:
+        TrainConfig(batch=10).per_process(4)
+    assert caught.value.message == "--batch 10 does not split over 4 processes" and "micro" not in str(caught.value)
+
+
+# -- 6. Hugging Face items -----------------------------------------------------------------------------------------
+
+class KeywordModel(nn.Module):
+    """forward(input_ids, attention_mask, labels=None) -> an object with .loss (None) and .logits, as HF models."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(11, 8), nn.Linear(8, 11)
+
+    def forward(self, input_ids, attention_mask, labels=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(loss=None, logits=self.head(self.emb(input_ids)) * attention_mask[..., None])
+
+
+def _token_items(n=16):
+    ids = torch.randint(11, (n, 5), generator=torch.Generator().manual_seed(0))
+    return [{"input_ids": ids[i], "attention_mask": torch.ones(5), "labels": ids[i]} for i in range(n)]
+
+
+def test_dict_items_train_with_keywords_and_the_loss_from_logits():
+    result = _trainer(data=_token_items(), model=KeywordModel(), steps=3, micro_batch=2).fit()
+    assert result.steps == 3 and torch.isfinite(torch.tensor(result.final_loss))
+
+
+def test_a_tuple_of_dict_items_and_targets_trains():
+    items = [(d, d["labels"]) for d in _token_items()]
+    for d, _ in items:
+        del d["labels"]
+    assert _trainer(data=items, model=KeywordModel(), steps=2, micro_batch=2).fit().steps == 2
+
+
+def test_a_hugging_face_gpt2_trains_on_dict_items():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=11, n_positions=8)
+    model = transformers.GPT2LMHeadModel(config)
+    result = _trainer(data=_token_items(), model=model, steps=2).fit()
+    assert result.steps == 2 and 1.0 < result.final_loss < 4.0  # ~ln 11 at the start
+
+
+# -- 7. DDP randomness, BatchNorm, teardown ------------------------------------------------------------------------
+
+def test_each_rank_draws_its_own_randomness_and_rank_0_keeps_the_seed():
+    from gpuwise.training.trainer import rank_seed
+
+    assert rank_seed(1337, 0) == 1337 and len({rank_seed(1337, r) for r in range(8)}) == 8
+
+
+def test_batchnorm_says_when_the_micro_batch_changes_its_statistics():
+    from gpuwise.training.parallelize import batchnorm_note
+
+    bn = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    assert batchnorm_note(bn, micro_batch=8, per_rank=8, world_size=1, synced=False) is None
+    assert "over 2 samples, not the batch of 8 (micro-batches of 2)" in batchnorm_note(
+        bn, micro_batch=2, per_rank=8, world_size=1, synced=False)
+    assert "--sync-batchnorm" in batchnorm_note(bn, micro_batch=8, per_rank=8, world_size=2, synced=False)
+    assert batchnorm_note(bn, micro_batch=8, per_rank=8, world_size=2, synced=True) is None
+    t = _trainer(model=nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)), micro_batch=2, steps=1)
+    assert any("BatchNorm normalises over 2 samples" in e for e in t.fit().events)
+
+
+def test_the_process_group_is_left_after_every_process_finished(monkeypatch):
+    from gpuwise.training import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(distributed.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    distributed.stop(distributed.Ranks(world_size=2))
+    distributed.stop(distributed.Ranks(world_size=2), clean=False)  # after a failure: no waiting on the others
+    assert calls == ["barrier", "destroy", "destroy"]
+
+
+# -- 8. the history above the progress bar -------------------------------------------------------------------------
+
+def test_a_line_per_log_step_stays_above_the_progress_bar():
+    from gpuwise.render.train import TrainProgress
+    from gpuwise.training.trainer import StepLog
+
+    out = io.StringIO()
+    progress = TrainProgress(Console(file=out, force_terminal=True, width=100, highlight=False), live=True, total=20)
+    for step in (10, 20):
+        progress.log(StepLog(step=step, loss=2.5, lr=1e-3, grad_norm=0.5, tokens_per_s=100.0, mfu=None,
+                             peak_memory_bytes=None, data_wait=0.0, skipped=False))
+    progress.stop()
+    text = out.getvalue()
+    assert "step     10  loss 2.5000" in text and "step     20  loss 2.5000" in text
+
+
+def test_compile_says_so_and_that_resume_is_bit_exact_in_eager_mode_only(monkeypatch):
+    from gpuwise.training import run
+
+    events = []
+    monkeypatch.setattr("torch.compile", lambda model, **kw: model)
+    run.run_training(TrainOptions(seq=16, monitor=False, auto=False, config=TrainConfig(steps=1, batch=2,
+                                                                                        compile=True)),
+                     on_event=events.append, environ={})
+    assert any("compiling the model" in e and "eager mode only" in e for e in events)
