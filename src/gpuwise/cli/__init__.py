@@ -7,7 +7,11 @@ with ``GPUWISE_DEBUG=1``. Anything else is our bug: exit 3.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
+import re
+import signal
 import sys
 import traceback
 
@@ -30,11 +34,34 @@ def _command_name(argv: list[str]) -> str:
     return f"gpuwise {words[0]}" if words and words[0] in known else "gpuwise"
 
 
+def _keep_examples(group) -> None:
+    """Click rewraps every help paragraph; the examples go one to a line in a paragraph led by a \\b line (which click
+    keeps as written), and the command list shows each first sentence whole (click cuts it at 45 characters)."""
+    for command in group.commands.values():
+        if not command.help:
+            continue
+        text = inspect.cleandoc(command.help)
+        command.short_help = re.split(r"\.\s", text, maxsplit=1)[0].rstrip(".")
+        head, sep, examples = text.partition("Examples:")
+        if sep:
+            lines = [e.strip() for e in " ".join(examples.split()).split(";") if e.strip()]
+            command.help = head + "\b\nExamples:\n" + "\n".join(f"  {e}" for e in lines)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: Python's exit flushes it, and a flush into the closed pipe prints a warning."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code: 0 ok, 1 a check failed, 2 a usage error, 3 a bug."""
+    """Run the CLI and return its exit code: 0 ok, 1 a check failed, 2 a usage error, 3 a bug (the traceback too
+    with GPUWISE_DEBUG=1), 130 interrupted, 141 (128 + SIGPIPE, as the shell reports cat's) when the reader of a pipe
+    left early."""
     argv = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     debug = os.environ.get("GPUWISE_DEBUG", "") not in ("", "0")
     command = typer.main.get_command(app)
+    _keep_examples(command)
     try:
         result = command.main(args=argv, prog_name="gpuwise", standalone_mode=False)
     except GpuwiseError as exc:
@@ -53,9 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as exc:
         return exc.exit_code
+    except BrokenPipeError:  # the reader left (gpuwise gpus | head -1): stop quietly, as cat and git do
+        _quiet_stdout()
+        return 128 + signal.SIGPIPE
+    except SystemExit as exc:  # click catches the broken pipe itself: it wraps stdout to pacify it, then exits 1
+        if type(sys.stdout).__name__ != "PacifyFlushWrapper":
+            raise
+        _quiet_stdout()
+        return 128 + signal.SIGPIPE if exc.code == 1 else exc.code
     except Exception as exc:
         if debug:
-            raise
+            traceback.print_exc()
         print(f"error: internal error: {first_line(exc)} "
               "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
         return 3

@@ -14,6 +14,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -89,7 +90,7 @@ def check_png(plot: str | None) -> None:
 WeightsOption = Annotated[str | None, typer.Option(help=(
     "Inference weights: bf16 or fp16 (as computed), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes 4-bit, double "
     "quantisation), int4 (AWQ/GPTQ, group 128) or fp8; the blocks' linear layers only, embeddings and head stay "
-    "16-bit. recommend --serve also takes q4_k_m (llama.cpp) \\[as computed]."))]
+    "16-bit. recommend --serve also takes q4_k_m (llama.cpp) [as computed]."))]
 ContextOption = Annotated[int | None, typer.Option(help=(
-    "--task decode: tokens already in each sequence's KV cache; the step feeds one more \\[the model's default "
+    "--task decode: tokens already in each sequence's KV cache; the step feeds one more [the model's default "
     "sequence]."))]

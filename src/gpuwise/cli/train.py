@@ -18,9 +18,8 @@ from gpuwise.training.config import IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOpti
 
 
 def _default(cls: type, name: str) -> str:
-    """``[value]``: a field's default for --help, read from the dataclass that owns it (the bracket escaped for
-    rich, which would read ``[text]`` as a style)."""
-    return f"\\[{next(f.default for f in dataclasses.fields(cls) if f.name == name)}]"
+    """``[value]``: a field's default for --help, read from the dataclass that owns it."""
+    return f"[{next(f.default for f in dataclasses.fields(cls) if f.name == name)}]"
 
 
 @app.command()
@@ -42,7 +41,7 @@ def train(
     lr: Annotated[float | None, typer.Option(help=f"Peak learning rate {_default(TrainConfig, 'lr')}.")] = None,
     precision: Annotated[str | None, typer.Option(
         help="fp32, tf32, bf16-mixed, fp16-mixed, bf16, fp8 or fp8-bf16 (torchao float8, GPUs with fp8) "
-             "\\[the device's: bf16-mixed on GPUs that have bf16, "
+             "[the device's: bf16-mixed on GPUs that have bf16, "
              "fp16-mixed on those that do not, fp32 on CPUs].")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the weights and of the batches "
                                                   f"{_default(TrainConfig, 'seed')}.")] = None,
@@ -53,18 +52,18 @@ def train(
              "torchtitan's op policy keeps (every other matmul's output, attention's) "
              f"{_default(TrainConfig, 'checkpointing')}.")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs (processes): must be what torchrun started "
-                                                              "\\[torchrun's count, else 1].")] = None,
+                                                              "[torchrun's count, else 1].")] = None,
     sharding: Annotated[str | None, typer.Option(help="Under torchrun: ddp (replicate) or fsdp (FSDP2, sharded "
                                                       "checkpoints); zero1/zero2 are plan only "
                                                       f"{_default(TrainConfig, 'sharding')}.")] = None,
-    task: Annotated[str | None, typer.Option(help="train; finetune-lora and infer are plan only \\[train].")] = None,
+    task: Annotated[str | None, typer.Option(help="train; finetune-lora and infer are plan only [train].")] = None,
     optimizer: Annotated[str | None, typer.Option(help="adamw; the planner's others (sgd, adamw8bit, "
-                                                       "paged-adamw8bit, adafactor, lion) are plan only \\[adamw].")
+                                                       "paged-adamw8bit, adafactor, lion) are plan only [adamw].")
                          ] = None,
     optimizer_in_backward: Annotated[bool, typer.Option("--optimizer-in-backward", help="Plan only.")] = False,
     loss: Annotated[str | None, typer.Option(help="standard, chunked (torchtune's chunked cross-entropy) or fused "
                                                   "(a fused linear + cross-entropy, as Liger runs it): --example "
-                                                  "text runs it; plan only for other models \\[standard].")
+                                                  "text runs it; plan only for other models [standard].")
                     ] = None,
     lora_rank: Annotated[int | None, typer.Option(help="Plan only (finetune-lora).")] = None,
     qlora: Annotated[bool, typer.Option("--qlora", help="Plan only (finetune-lora).")] = False,
@@ -78,10 +77,10 @@ def train(
     cp: Annotated[int | None, typer.Option("--cp", help="Plan only (context parallelism).")] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Plan only (HSDP).")] = None,
     offload: Annotated[str | None, typer.Option("--offload", help="Plan only (CPU offload).")] = None,
-    fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel \\[fused on GPUs].")] = None,
+    fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel [fused on GPUs].")] = None,
     workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
                        ] = None,
-    eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps \\[at the end]."
+    eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps [at the end]."
                                                    )] = None,
     log_every: Annotated[int | None, typer.Option(help="Steps between log lines "
                                                        f"{_default(TrainConfig, 'log_every')}.")] = None,

@@ -69,13 +69,20 @@ def _views() -> dict[str, tuple[Any, Any]]:
     }
 
 
+class _Console(Console):
+    """rich exits 1 when the pipe it prints into closes; the CLI decides the exit code (141, as cat gets)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def emit(result: Any, *, json: bool, console: Console | None = None) -> None:
     """Print a command's result: as JSON with ``json``, else as its tables (on stdout unless ``console``)."""
     table, as_json = _views()[type(result).__name__]
     if json:
         print_json(as_json(result))
     else:
-        table(result, console or Console(highlight=False, soft_wrap=False))
+        table(result, console or _Console(highlight=False, soft_wrap=False))
 
 
 __all__ = ["CatalogRows", "ModelList", "TrainProgress", "emit", "print_json", "render_bench", "render_compare",
