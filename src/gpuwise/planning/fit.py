@@ -48,6 +48,9 @@ class GpuFit:
     # --task decode: the per-token latency floor, max(bytes read / bandwidth, FLOPs / peak) (serving.decode_floor),
     # which is then the step's floor too; None for the other tasks
     token_floor_s: float | None = None
+    # the dtype the step computes in that this GPU has no rate for ("bf16" on T4 and V100): torch emulates it, many
+    # times slower, so the row says so and names the precision that runs instead; None when it has one
+    missing_dtype: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -89,4 +92,6 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
                   headroom_bytes=headroom, status="no" if no_fp8 else status(headroom, acc.memory_bytes),
                   max_batch=max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
-                  step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s)
+                  step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s,
+                  missing_dtype="bf16" if step.setup.spec.needs_bf16 and not no_fp8
+                  and not acc.peak_tflops.get("bf16") else None)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpuwise.hardware.catalog import load_catalog
 from gpuwise.render._common import _count, _seconds, to_jsonable
 from gpuwise.units import human_bytes
 
@@ -83,16 +84,25 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
 
     paged = f" - {human_bytes(plan.paged_bytes)} paged" if plan.paged_bytes else ""
     fits = Table(title=f"fit (needs = peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
-                 padding=(0, 1), pad_edge=False)
+                 padding=(0, 1), pad_edge=False, show_edge=False)
     for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
-                         ("fits", "left"), ("max micro-\nbatch", "right"),
+                         ("fits", "left"), ("max\nmicro-\nbatch", "right"),
                          ("token ≥" if plan.decode else "step ≥", "right")):
-        # numbers are never cut: a narrow terminal (or a pipe, 80 columns) folds the GPU's name instead
+        # numbers are never cut: the columns fit 80 (a pipe's width) as they are; narrower, the GPU's name folds
         fits.add_column(col, justify=justify, no_wrap=col != "gpu", overflow="fold")
-    for f in plan.gpus:
+    segments = {a.key: a.segment for a in load_catalog().filter()}
+    order = ("consumer", "workstation", "datacenter", "edge")
+    group = None
+    for f in sorted(plan.gpus, key=lambda f: order.index(s) if (s := segments.get(f.gpu)) in order else len(order)):
+        if segments.get(f.gpu) != group and len(plan.gpus) > 1:  # a title row per catalog segment, a gap before it
+            if group is not None:
+                fits.add_section()
+            group = segments.get(f.gpu)
+            fits.add_row(Text(group or "other", style="dim italic"))
         head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
         fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
-                     Text(f.status, style=_FIT_STYLE[f.status]), str(f.max_batch),
+                     Text(f.status, style=_FIT_STYLE[f.status]) if f.missing_dtype is None or f.status == "no"
+                     else Text(f"no {f.missing_dtype}", style="yellow"), str(f.max_batch),
                      "-" if f.step_time_s is None else _seconds(f.step_time_s) + ("*" if f.rates == "measured" else ""))
     console.print(fits)
     measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
@@ -102,6 +112,11 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                       f"{rates}datasheet's figures; llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
         console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
+    missing = [f.gpu for f in plan.gpus if f.missing_dtype]
+    if missing:
+        verb = "has" if len(missing) == 1 else "have"
+        console.print(f"no bf16: {', '.join(missing)} {verb} no bf16 tensor cores; torch emulates it many times "
+                      "slower: plan and run --precision fp16-mixed there")
     if plan.setup.spec.float8:
         console.print("fp8: the linear layers' GEMMs at the fp8 rate, the rest at bf16's; GPUs without fp8 tensor "
                       "cores (before Ada and Hopper) cannot run it: 'no'")
