@@ -100,8 +100,10 @@ def plan(
         render.emit(render.ModelList(tuple(MODELS.values())), json=json_out)
         return
     check_png(plot)
-    from gpuwise.planning import Setup
-    from gpuwise.planning.plan import plan_here
+    if gpu is not None and not gpu.strip():
+        raise GpuwiseError("--gpu '' names no GPU", "pass a catalog key (gpuwise gpus lists them), or drop --gpu for "
+                           "every catalog GPU")
+    from gpuwise.planning import Setup  # without torch: the arguments are checked before it loads
 
     training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
                                     ("--checkpointing", checkpointing)) if v not in (None, False)]
@@ -123,6 +125,8 @@ def plan(
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or (tp or 1) * (pp or 1) * (cp or 1),
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
+    from gpuwise.planning.plan import plan_here
+
     result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
     render.emit(result, json=json_out)
     if plot is not None:  # after the plan is shown: a path we cannot write loses nothing

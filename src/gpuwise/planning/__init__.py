@@ -1,8 +1,29 @@
-"""Planning: simulate a step on fake tensors, then fit it on GPUs."""
+"""Planning: simulate a step on fake tensors, then fit it on GPUs.
 
-from gpuwise.planning.fit import GpuFit
-from gpuwise.planning.plan import MemoryPlan, plan, plan_model
-from gpuwise.planning.remedies import Remedy
-from gpuwise.planning.setup import Setup
+The names load on first use: ``from gpuwise.planning import Setup`` does not import torch, so the CLI checks its
+arguments before paying for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuwise.planning.fit import GpuFit
+    from gpuwise.planning.plan import MemoryPlan, plan, plan_model
+    from gpuwise.planning.remedies import Remedy
+    from gpuwise.planning.setup import Setup
+
+_WHERE = {"GpuFit": "fit", "MemoryPlan": "plan", "plan": "plan", "plan_model": "plan", "Remedy": "remedies",
+          "Setup": "setup"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'gpuwise.planning' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(f"gpuwise.planning.{_WHERE[name]}"), name)
+    return value  # kept: the import just bound the submodule gpuwise.planning.plan over the function plan
+
 
 __all__ = ["GpuFit", "MemoryPlan", "Remedy", "Setup", "plan", "plan_model"]

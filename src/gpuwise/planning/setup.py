@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
-
-import torch
+from typing import TYPE_CHECKING, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.precision import PRECISIONS, Precision, PrecisionSpec
+
+if TYPE_CHECKING:  # not imported at run time: the CLI validates a Setup before it loads torch
+    import torch
 
 Task = Literal["train", "finetune-lora", "infer", "decode"]  # decode: one generation step over a filled KV cache
 Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # planning/optimizers.py
@@ -164,8 +165,7 @@ class Setup:
             raise GpuwiseError(f"--weights {self.weights} quantises an inference model, not --task {self.task}",
                                "plan --task infer or --task decode, or for a 4-bit fine-tune --task finetune-lora "
                                "--qlora")
-        sixteen = {"bf16": torch.bfloat16, "fp16": torch.float16}
-        if self.weights in sixteen and sixteen[self.weights] != self.compute_dtype:
+        if self.weights in ("bf16", "fp16") and self.weights != self.spec.compute:
             raise GpuwiseError(f"--weights {self.weights} is not how --precision {self.precision} computes",
                                f"pass --precision {self.weights}, or drop --weights")
 
@@ -270,6 +270,8 @@ class Setup:
         training; a frozen (inference) model holds its weights in the compute dtype; QLoRA as PEFT prepares it
         holds every weight outside the 4-bit layers in fp32 (a ViT's patch embedding, say), so its inputs are fp32."""
         if self.peft_qlora:
+            import torch
+
             return torch.float32
         return self.spec.weight_dtype if self.training else self.spec.compute_dtype
 
