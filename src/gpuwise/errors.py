@@ -37,5 +37,7 @@ def first_line(exc: BaseException, *, limit: int = 300) -> str:
     >>> first_line(ValueError("bad shape\\nlong details"))
     'ValueError: bad shape'
     """
-    lines = str(exc).strip().splitlines()
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "Validation error for field 'x':" says what only on the next
+        lines[0] = f"{lines[0]} {lines[1]}"
     return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__

@@ -6,6 +6,7 @@ Every source builds *inside* the fake mode, so nothing is allocated and nothing 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import importlib.util
 import inspect
@@ -265,6 +266,9 @@ def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int
     return Built(model=model, inputs=inputs, targets=None, run=run)
 
 
+_MAX_LAYERS = 10_000  # Llama 3.1 405B has 126 blocks
+
+
 @dataclass(frozen=True, kw_only=True)
 class HFSource:
     """A Hugging Face ``config.json``, built with transformers' ``from_config`` (extra ``gpuwise[hf]``)."""
@@ -348,11 +352,28 @@ class HFSource:
         default = min(2048, self.max_positions or 2048)
         return setup.context or (min(default, self.max_positions - 1) if self.max_positions else default)
 
+    def _check_config(self, transformers: ModuleType) -> None:
+        """An unknown model_type names the closest ones (transformers' own error lists all 800); an absurd block
+        count is a typo that would build for hours."""
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        kind = self.config["model_type"]
+        if kind not in CONFIG_MAPPING_NAMES:
+            close = difflib.get_close_matches(str(kind), list(CONFIG_MAPPING_NAMES), n=3, cutoff=0.5)
+            raise GpuwiseError(f"{self.path}: model_type {kind!r} is not one transformers {transformers.__version__} "
+                               "knows", f"closest: {', '.join(close)}" if close else "check model_type")
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            layers = self.config.get(key)
+            if isinstance(layers, int) and layers > _MAX_LAYERS:
+                raise GpuwiseError(f"{self.path}: {key} {layers:,} is more blocks than any model has "
+                                   f"(the most gpuwise plans is {_MAX_LAYERS:,})", f"check {key} in config.json")
+
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
         try:
             import transformers
         except ImportError:
             raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
+        self._check_config(transformers)
         cfg_dict = {k: v for k, v in self.config.items() if k not in ("torch_dtype", "dtype")}  # the setup decides
         if n_layer is not None:
             cfg_dict["num_hidden_layers"] = n_layer

@@ -31,6 +31,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from gpuwise.compat import TorchDispatchMode, tree_leaves
+from gpuwise.errors import GpuwiseError
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "inputs", "kv_cache")
 # A storage carries one category for its whole life; a stronger tag wins (an fp32 parameter saved for
@@ -225,6 +226,24 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+# Matmuls and convolutions take floating-point operands only; their fake-tensor rules skip the dtype check the real
+# kernels make ("expected m1 and m2 to have the same dtype"), so a plan would say "fits" for a step that cannot run.
+# One op past these is a typo in a config (hidden_size 1e9), not a model: 1 PiB, ~10^18 FLOPs (1000x the largest
+# step's matmul); the 64-bit timeline would wrap long before a cluster ran it.
+_ABSURD_BYTES, _ABSURD_FLOPS = 2**50, 2**60
+_FLOAT_ONLY = (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution)
+
+
+def _check_float(func, args) -> None:
+    bad = [t for t in args if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex())]
+    if bad:
+        dtypes = ", ".join(str(t.dtype).removeprefix("torch.") for t in args if isinstance(t, torch.Tensor))
+        raise GpuwiseError(f"aten.{func._overloadpacket.__name__} (nn.Linear, a matmul or a convolution) gets "
+                           f"{str(bad[0].dtype).removeprefix('torch.')} operands ({dtypes}): the real step fails "
+                           "the same way", "feed floating-point inputs (x.float()), or integer token ids through an "
+                           "nn.Embedding first")
+
+
 class Tracker(TorchDispatchMode):
     """Follow every storage allocated under it; ``timeline()`` gives live bytes per category per sample.
 
@@ -329,6 +348,8 @@ class Tracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.paused:
             return func(*args, **kwargs)
+        if func._overloadpacket in _FLOAT_ONLY:
+            _check_float(func, args)
         out = func(*args, **kwargs)
         if func._overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu:
             out = (_cuda_attention_layout(out[0]), *out[1:])
@@ -344,6 +365,10 @@ class Tracker(TorchDispatchMode):
             leaves = tree_leaves((args, kwargs, out))
             moved = sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
             self.bytes_by_op[name] += moved
+        if (flops or 0) > _ABSURD_FLOPS or moved > _ABSURD_BYTES:
+            raise GpuwiseError(f"one aten.{name} moves {moved:.3g} bytes and does {flops or 0:.3g} FLOPs: more than "
+                               "any GPU cluster holds, and past the planner's 64-bit counts",
+                               "check the model's sizes (hidden_size, n_embd, intermediate_size, vocab_size)")
         if data or flops:
             self._op_flops.append(flops or 0)
             self._op_bytes.append(moved)
