@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Annotated
 
 import typer
@@ -45,8 +46,15 @@ def gpus(
         if filters:
             raise GpuwiseError("a NAME shows one accelerator and takes no filters",
                                hint=f"run 'gpuwise gpus {name}' alone, or filters without a name")
-        render.emit(catalog.get(name), json=json_out)
+        row = catalog.get(name)
+        others = catalog.variants(name)
+        if len(others) > 1 and not json_out:  # "a100": the 40 GB SXM row is one of three; say which, name the rest
+            print(f"note: {name!r} matches {', '.join(others)}; showing {row.key} (name one for the others)")
+        render.emit(row, json=json_out)
         return
+    if min_memory is not None and re.fullmatch(r"\s*[\d.]+\s*", min_memory):
+        raise GpuwiseError(f"--min-memory {min_memory} has no unit", f"pass --min-memory {min_memory.strip()}GB "
+                           f"(10^9 bytes) or {min_memory.strip()}GiB (2^30 bytes)")
     rows = catalog.filter(segment=segment, vendor=vendor,
                           min_memory_bytes=parse_bytes(min_memory) if min_memory is not None else None)
     render.emit(render.CatalogRows(tuple(rows)), json=json_out)

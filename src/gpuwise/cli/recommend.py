@@ -117,6 +117,9 @@ def recommend(
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
     check_png(plot)
+    if gpu is not None and not _list(gpu):
+        raise GpuwiseError(f"--gpu {gpu!r} names no GPU", "pass catalog keys, e.g. --gpu h100,a100 (gpuwise gpus lists "
+                           "them), or drop --gpu for every catalog GPU")
     layout = [f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("nodes", nodes), ("offload", offload))
               if v not in (None, 1, "none")]
     if layout:  # recommend enumerates data-parallel GPU counts (ddp or fsdp) for one layout: the plain one

@@ -246,6 +246,12 @@ class Catalog:
             return found
         raise GpuwiseError(f"unknown GPU {name!r}", hint=self._suggest(name))
 
+    def variants(self, name: str) -> list[str]:
+        """The keys of every row ``name`` could mean: ``"a100"`` -> a100-40gb-sxm, a100-80gb-sxm, a100-40gb-pcie
+        (the rows whose key starts with it); one key, or none, when the name is not ambiguous."""
+        norm = normalize_name(name)
+        return [a.key for a in self.filter() if normalize_name(a.key).startswith(norm)]
+
     def _suggest(self, name: str) -> str:
         norm = normalize_name(name)
         # A model number the user typed ("a100" in "a100 pcie") picks its rows first, then spelling.

@@ -78,6 +78,9 @@ def parse_device(name: str) -> tuple[str, int | None]:
         dev = torch.device(name.strip().lower())
     except (RuntimeError, ValueError):
         raise GpuwiseError(f"--device {name!r} is not a device name", DEVICE_HINT) from None
+    if dev.type in ("cpu", "mps") and dev.index is not None:
+        raise GpuwiseError(f"--device {name}: the {'CPU' if dev.type == 'cpu' else 'Apple GPU'} has no index",
+                           f"use --device {dev.type}")
     if dev.type not in ("cpu", "cuda", "mps") or (dev.index is not None and dev.type != "cuda"):
         raise GpuwiseError(f"--device {name}: not a device gpuwise can time", DEVICE_HINT)
     return dev.type, dev.index
