@@ -105,6 +105,8 @@ def test_silent_oddities_are_refused_or_named(capsys):
     assert code == 2 and "names no GPU" in err
     code, _, err = _run(capsys, "recommend", "--model", "mlp", "--gpu", ",")
     assert code == 2 and "names no GPU" in err
+    code, _, err = _run(capsys, "recommend", "--model", "mlp", "--batch", "0")  # it meant --batch 64
+    assert code == 2 and "--batch 0" in err
     code, _, err = _run(capsys, "plan", "--model", "mlp", "--device", "cpu:3")
     assert code == 2 and "the CPU has no index" in err
     code, out, _ = _run(capsys, "gpus", "a100")

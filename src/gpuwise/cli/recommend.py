@@ -117,6 +117,8 @@ def recommend(
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
     check_png(plot)
+    if batch is not None and batch < 1:  # not "batch or 64": --batch 0 meant the default
+        raise GpuwiseError(f"--batch {batch} is not a batch", "pass a whole number from 1, or drop --batch [64]")
     if gpu is not None and not _list(gpu):
         raise GpuwiseError(f"--gpu {gpu!r} names no GPU", "pass catalog keys, e.g. --gpu h100,a100 (gpuwise gpus lists "
                            "them), or drop --gpu for every catalog GPU")
