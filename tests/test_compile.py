@@ -38,9 +38,15 @@ def _rounded(nbytes: int) -> int:
 
 @pytest.fixture(scope="module")
 def captures():
-    got = {(ck, comp, n): _capture(n, checkpointing=ck, compile=comp)
-           for ck in ("none", "selective") for comp in (False, True) for n in (2, 3)}
-    return got
+    runs = [("none", True, 2), ("none", True, 3), ("none", False, 3), ("selective", False, 3), ("selective", True, 3)]
+    return {(ck, comp, n): _capture(n, checkpointing=ck, compile=comp) for ck, comp, n in runs}
+
+
+def _forward_graph() -> torch.fx.GraphModule:
+    """The partitioned forward graph of the tiny block (bf16-mixed, no checkpointing)."""
+    if not compiled._TRACES:
+        _capture(2, compile=True)
+    return next(fn for key, fn in compiled._TRACES.items() if "checkpointing='none'" in key[0][3]).graphs[0]
 
 
 def _kept(c) -> int:
@@ -50,12 +56,11 @@ def _kept(c) -> int:
 def test_a_compiled_block_keeps_what_the_partitioner_saves(captures):
     """One more block keeps, at the end of forward, the partitioned forward graph's saved outputs (read from the graph,
     each storage rounded as the allocator does) plus its output (the next layer's input, which that layer saves)."""
-    fw = next(iter(compiled._TRACES.values())).graphs[0]
+    fw = _forward_graph()
     saved = compiled.saved_bytes(fw, rounding=ALLOCATOR_ROUND_BYTES)
     block_output = _rounded(B * S * DIM * 4)  # fp32 residual stream under bf16-mixed
     one_block = _kept(captures["none", True, 3]) - _kept(captures["none", True, 2])
-    print(f"\ncompiled block keeps {one_block:,} B; partitioner saves {saved:,} B + output {block_output:,} B; eager "
-          f"{_kept(captures['none', False, 3]) - _kept(captures['none', False, 2]):,} B")
+    print(f"\ncompiled block keeps {one_block:,} B; partitioner saves {saved:,} B + output {block_output:,} B")
     assert one_block == saved + block_output
 
 
@@ -72,10 +77,19 @@ def test_compile_keeps_less_and_peaks_lower_with_the_same_flops(captures):
     assert _kept(captures["none", True, 3]) < 0.9 * _kept(captures["none", False, 3])
 
 
+def test_a_trace_shared_with_an_earlier_capture_counts_the_same():
+    """Captures reuse traced blocks (the same structure, inputs and setup): the reused graphs report to the new
+    capture's tracker, and nothing the first capture traced with stays alive in the second."""
+    compiled._TRACES.clear()
+    cold, warm = _capture(2, compile=True), _capture(2, compile=True)
+    assert cold.labels == warm.labels
+    assert (cold.live == warm.live).all()
+    assert cold.live[-1, ACT] == 0  # nothing saved outlives backward
+
+
 def test_fusion_leaves_out_the_norms_intermediates():
     """RMSNorm's x^2 and its mean stay inside one kernel; a matmul's output always materialises."""
-    fw = next(iter(compiled._TRACES.values())).graphs[0]
-    fused = compiled.fused_away(fw.graph)
+    fused = compiled.fused_away(_forward_graph().graph)
     ops = {n.target for n in fused}
     assert torch.ops.aten.pow.Tensor_Scalar in ops and torch.ops.aten.mean.dim in ops
     assert not any(n.target is torch.ops.aten.mm.default for n in fused)

@@ -245,6 +245,29 @@ _TRACES: dict[tuple, Callable] = {}
 _MAX_TRACES = 64
 
 
+def _like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).zero_().requires_grad_(
+        t.requires_grad)
+
+
+def _first_call(fn: Callable, params: list[torch.Tensor], inputs: list[torch.Tensor],
+                pause: Callable[[bool], None] | None) -> None:
+    """Trace ``fn`` and compile its backward on stand-ins, unrecorded: AOTAutograd keeps the inputs it traced with,
+    which must not be the step's own tensors (they would stay alive in the plan)."""
+    from gpuwise.compat import tree_leaves
+
+    if pause is not None:
+        pause(True)
+    try:
+        out = fn([_like(p) for p in params], *(_like(x) for x in inputs))
+        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    finally:
+        if pause is not None:
+            pause(False)
+
+
 def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context: str = "",
                   decompose: bool = True) -> CompiledBlocks:
     """Run every block as the compiled graph AOTAutograd and inductor would make of it (``torch.compile(block)``),
@@ -267,7 +290,7 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
         return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
     def trace(block: nn.Module, inner: Callable, names: list[str], args: tuple, tensors: list[int], kwargs: dict):
-        fixed = list(args)
+        fixed = [None if i in tensors else a for i, a in enumerate(args)]  # keeps none of the step's tensors
 
         def step(params, *xs):
             call = list(fixed)
@@ -278,9 +301,7 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
 
         def compiler(gm: fx.GraphModule, _example):
             def run(*inputs):
-                if state.pause is not None:  # the first call traces (unrecorded), then runs the graph (recorded)
-                    state.pause(False)
-                return FusedInterpreter(gm, state.on_fused).run(*inputs)
+                return FusedInterpreter(gm, owner[0].on_fused).run(*inputs)
 
             return make_boxed_func(run)
 
@@ -293,8 +314,9 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
             return compiler(gm, example)
 
         graphs: list[fx.GraphModule] = []
+        owner = [state]  # the CompiledBlocks (so the tracker) of the capture running the graphs now
         fn = aot_function(step, forward_compiler, backward_compiler, partition_fn=partition, decompositions=table)
-        fn.graphs = graphs  # type: ignore[attr-defined]  # (forward, backward) once traced
+        fn.graphs, fn.owner = graphs, owner  # type: ignore[attr-defined]
         return fn
 
     for block in blocks:
@@ -313,13 +335,9 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
                 if len(_TRACES) >= _MAX_TRACES:
                     _TRACES.clear()
                 fn = _TRACES[key] = trace(_block, _inner, _names, args, tensors, kwargs)
-            if state.pause is not None and len(fn.graphs) < 2:
-                state.pause(True)  # tracing runs the block on tracing tensors: none of it is the step's
-            try:
-                out = fn(params, *(args[i] for i in tensors))
-            finally:
-                if state.pause is not None:
-                    state.pause(False)
+                _first_call(fn, params, [args[i] for i in tensors], state.pause)
+            fn.owner[0] = state  # a trace shared with an earlier capture now reports to this one (and its backward)
+            out = fn(params, *(args[i] for i in tensors))
             if len(fn.graphs) == 2 and fn.graphs not in state.graphs:
                 state.graphs.append(fn.graphs)
             return out
