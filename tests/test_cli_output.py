@@ -51,6 +51,23 @@ def test_bench_table_keeps_its_numbers_at_80_columns():
     assert "…" not in out and "12.35 ms" in out and "812 TF/s" in out and "1234.5x" in out
 
 
+def test_train_summary_keeps_its_figures_at_80_columns(tmp_path):
+    from gpuwise.render import render_train
+    from gpuwise.training.run import TrainSummary
+
+    where = str(tmp_path / ("a-long-checkpoint-folder-name-without-spaces-" * 3))
+    s = TrainSummary(task="train", steps=200, final_loss=2.4123, eval_loss=2.5, seconds=123.4, resumed_from=None,
+                     skipped_steps=0, device="cuda:0", gpu="h100-sxm", processes=1, sharding=None,
+                     precision="bf16-mixed", params=124_439_808, micro_batch=8, grad_accum=4, batch=32,
+                     unit="tokens", throughput=259_330.5, mfu=0.412, peak_memory_bytes=12 << 30, compiled=False,
+                     optimizer="adamw", auto=None, events=(), checkpoint_dir=where)
+    buf = io.StringIO()
+    render_train(s, Console(file=buf, width=80))
+    out = buf.getvalue()
+    assert "…" not in out and "259,330 tokens/s" in out and "41.2%" in out
+    assert "".join(line.strip(" │") for line in out.splitlines()).count("without-spaces") == 3  # folded, whole
+
+
 def test_help_keeps_bracketed_defaults(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = _run(capsys, "plan", "--help")

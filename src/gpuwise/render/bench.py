@@ -54,7 +54,8 @@ def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: t
     table = Table(title=f"{names[1]} against {names[0]}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), (names[0], "right"),
                          (names[1], "right"), ("speed-up", "right")):
-        table.add_column(col, justify=justify, overflow="fold")
+        # the op and shape fold; the timings and the ratio never split
+        table.add_column(col, justify=justify, overflow="fold", no_wrap=justify == "right")
     for a, b, ratio in pairs:
         op = f"{a.op} ({a.backend})" if a.backend else a.op
         style = "green" if ratio > 1.05 else "red" if ratio < 0.95 else ""

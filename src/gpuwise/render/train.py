@@ -55,8 +55,8 @@ class TrainProgress:
 
 def render_train(s: TrainSummary, console: Console) -> None:
     table = Table(box=box.SIMPLE, show_header=False, title=f"gpuwise train: {s.task}", title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")  # a long path or figure folds, never ends in '…'
     where = s.device + (f" x {s.processes} processes ({s.sharding})" if s.processes > 1 else "")
     rows = [
         ("model", f"{s.params:,} parameters · {s.optimizer}" + (" · compiled" if s.compiled else "")),
