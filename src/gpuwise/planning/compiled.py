@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import fx, nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from gpuwise.errors import GpuwiseError, first_line
 
 aten = torch.ops.aten
 
@@ -289,15 +292,16 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
             tag_checkpointing(joint, checkpointing)
         return min_cut_rematerialization_partition(joint, inputs, **kwargs)
 
-    def trace(block: nn.Module, inner: Callable, names: list[str], args: tuple, tensors: list[int], kwargs: dict):
-        fixed = [None if i in tensors else a for i, a in enumerate(args)]  # keeps none of the step's tensors
+    def trace(block: nn.Module, inner: Callable, names: list[str], leaves: list, spec, tensors: list[int]):
+        fixed = [None if i in tensors else a for i, a in enumerate(leaves)]  # keeps none of the step's tensors
 
         def step(params, *xs):
             call = list(fixed)
             for i, x in zip(tensors, xs, strict=True):
                 call[i] = x
+            args, kwargs = tree_unflatten(call, spec)
             with _reparametrize_module(block, dict(zip(names, params, strict=True))):
-                return inner(*call, **kwargs)
+                return inner(*args, **kwargs)
 
         def compiler(gm: fx.GraphModule, _example):
             def run(*inputs):
@@ -327,17 +331,23 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
 
         def forward(*args, _block=block, _inner=inner, _names=names, _structure=structure, **kwargs):
             params = [p for _, p in _block.named_parameters()]
-            tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-            key = (_structure, tuple(_meta(a) for a in args), tuple((k, _meta(v)) for k, v in sorted(kwargs.items())),
+            leaves, spec = tree_flatten((args, kwargs))  # tensors anywhere in the call are the graph's inputs
+            tensors = [i for i, a in enumerate(leaves) if isinstance(a, torch.Tensor)]
+            key = (_structure, str(spec), tuple(_meta(a) for a in leaves),
                    tuple((n, _meta(p)) for n, p in zip(_names, params, strict=True)))
             fn = _TRACES.get(key)
             if fn is None:
                 if len(_TRACES) >= _MAX_TRACES:
                     _TRACES.clear()
-                fn = _TRACES[key] = trace(_block, _inner, _names, args, tensors, kwargs)
-                _first_call(fn, params, [args[i] for i in tensors], state.pause)
+                try:
+                    fn = trace(_block, _inner, _names, leaves, spec, tensors)
+                    _first_call(fn, params, [leaves[i] for i in tensors], state.pause)
+                except Exception as exc:
+                    raise GpuwiseError(f"--compile: AOTAutograd could not trace {type(_block).__name__} "
+                                       f"({first_line(exc)})", "drop --compile") from exc
+                _TRACES[key] = fn
             fn.owner[0] = state  # a trace shared with an earlier capture now reports to this one (and its backward)
-            out = fn(params, *(args[i] for i in tensors))
+            out = fn(params, *(leaves[i] for i in tensors))
             if len(fn.graphs) == 2 and fn.graphs not in state.graphs:
                 state.graphs.append(fn.graphs)
             return out
