@@ -11,25 +11,29 @@ What is modelled:
 - Fusion: inductor's scheduler fuses chains of pointwise ops, and reductions with the pointwise ops around them, into
   one kernel whose intermediates live in registers. Here a node is fusible if its aten op carries
   ``torch.Tag.pointwise`` or ``torch.Tag.reduction``, is a seeded random op (inductor generates the random numbers
-  inside the kernel: ``inductor_random`` in torch/_inductor/lowering.py), or is one of the copies inductor lowers
-  as pointwise (``clone``, ``_to_copy``: ``COPIES``). Fusible nodes connected through fusible nodes or views form a
-  group, unless joining would put a non-fusible kernel between two of its members (a group never spans two
-  "levels" of extern kernels). Everything else is a kernel boundary whose output materialises: matmuls, attention,
-  collectives, and any op inductor may lower otherwise (cat, gather, embedding: conservative).
-  A fusible node's output materialises only if something outside its group (or the graph's output: the block's
-  result, a saved tensor, a gradient) reads it, directly or through views; the others are computed (fake) and
-  told to the tracker as never allocated (``Tracker.discount``).
+  inside the kernel: ``inductor_random`` in torch/_inductor/lowering.py), or is a copy or concatenation inductor
+  lowers as pointwise or writes in place (``COPIES``: clone, _to_copy, convert_element_type, cat). Fusible nodes
+  connected directly or through views form a group, unless a kernel outside the group would then sit on a path
+  between two of its members (the kernels could not be ordered; inductor's ``will_fusion_create_cycle``).
+  Everything else is a kernel of its own whose output materialises: matmuls, attention, collectives, and ops
+  inductor may lower otherwise (gather, embedding, index: conservative). A fusible node's output materialises only
+  if something outside its group (or the graph's output: the block's result, a saved tensor, a gradient) reads it,
+  directly or through views; the others are computed (on fake tensors) and told to the tracker as never allocated
+  (``Tracker.discount``).
+- Activation checkpointing inside the graph, as ``torch.compile`` of a checkpointed block does (torchtitan applies
+  AC, then compile): the joint graph's forward ops carry the ``recompute`` tags dynamo's checkpoint leaves for the
+  partitioner (``tag_checkpointing``): all of them for ``full``, torchtitan's op policy for ``selective``; the
+  partitioner then saves the block's inputs (and the policy's outputs) and recomputes the rest inside the backward
+  graph, fused like the rest of it. Random ops it recomputes replay their generator state (16 bytes kept).
 
 What is not modelled: inductor's memory planning (buffer reuse inside a graph beyond freeing at last use, as eager
-frees), matmul epilogue and prologue fusion (max-autotune templates), horizontal fusion of independent kernels,
-cudagraphs (``mode="reduce-overhead"`` keeps a static pool), fusion across blocks or into the loss (only the
-blocks are compiled, as torchtitan does), and the bytes a fused kernel does not move (the cost model still counts
-every op's reads and writes; FLOPs are exact).
-
-Activation checkpointing composes as torchtitan stacks them (checkpoint the block, then compile it): the compiled
-block runs inside ``torch.utils.checkpoint``, so forward keeps the block's input (and under ``selective`` the policy's
-outputs) and backward re-runs the compiled forward before its backward. Real ``torch.compile`` folds the
-recomputation into the backward graph, which can hold less at once; the plan's figure is an upper bound there.
+frees), its choice to recompute a pointwise node in two consumer kernels instead of storing it (here it is stored:
+conservative), matmul epilogue and prologue fusion (max-autotune templates), horizontal fusion of independent
+kernels, cudagraphs (``mode="reduce-overhead"`` keeps a static pool), fusion across blocks or into the loss (only
+the blocks are compiled, as torchtitan does; ``gpuwise train --compile`` compiles the whole model), layouts inductor
+picks (the CPU attention kernel's layout is traced; the planner hands out CUDA's, so a copy the GPU would skip can
+remain), and the bytes a fused kernel does not move (the cost model still counts every op's reads and writes; FLOPs
+are exact: the min-cut partitioner recomputes only ops without FLOPs unless checkpointing asks for more).
 """
 
 from __future__ import annotations
