@@ -20,7 +20,8 @@ def _items(value: str | None) -> tuple[str, ...] | None:
 
 @app.command()
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="Small sizes, few repeats (about a minute on a CPU).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes, few repeats (30-60 s on a 2-core CPU: "
+                                                        "64 s of CPU time).")] = False,
     ops: Annotated[str | None, typer.Option(help="Comma-separated: gemm, copy, h2d, attention, conv2d, block, "
                                                  "train-step (default: all).")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="GEMM dtypes, comma-separated: fp32, tf32, fp16, "
