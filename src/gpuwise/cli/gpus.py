@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from typing import Annotated
 
 import typer
@@ -49,7 +50,8 @@ def gpus(
         row = catalog.get(name)
         others = catalog.variants(name)
         if len(others) > 1 and not json_out:  # "a100": the 40 GB SXM row is one of three; say which, name the rest
-            print(f"note: {name!r} matches {', '.join(others)}; showing {row.key} (name one for the others)")
+            print(textwrap.fill(f"note: {name!r} matches {', '.join(others)}; showing {row.key} (name one for "
+                                "the others)", width=80, subsequent_indent="  "))
         render.emit(row, json=json_out)
         return
     if min_memory is not None and re.fullmatch(r"\s*[\d.]+\s*", min_memory):
