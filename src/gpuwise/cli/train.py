@@ -170,7 +170,7 @@ def train(
         from gpuwise.errors import GpuwiseError
 
         raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
-    for text in notes:
+    for text in notes if Ranks.from_environ(os.environ).main else ():
         on_event(text)
     try:
         summary = run_training(options, on_log=on_log, on_event=on_event, on_resume=on_resume)

@@ -39,7 +39,7 @@ class TrainConfig:
     #                                  choice in gpuwise train, the whole share of the batch in a bare Trainer)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr x this
-    warmup_steps: int | None = None  # None: a tenth of the steps, at most 100
+    warmup_steps: int | None = None  # None: a tenth of the steps, at least 20 (half a shorter run), at most 100
     weight_decay: float = 0.1  # on matrices only (gpuwise.optim.param_groups)
     grad_clip: float | None = 1.0
     precision: Precision | None = None  # None: the device's default (Target.precision)
@@ -96,7 +96,11 @@ class TrainConfig:
 
     @property
     def warmup(self) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else max(1, min(100, self.steps // 10))
+        # a tenth of the run, at most 100 steps; but at least 20 (or half a shorter run): Adam's second moments
+        # are young in the first steps, and 6 steps to the peak (--steps 60) sent the loss from 4.6 to 7
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return max(1, min(100, max(self.steps // 10, min(20, self.steps // 2))))
 
     def per_process(self, world_size: int) -> int:
         """This process's share of the global batch, checked to split over the processes and into micro-batches."""

@@ -244,10 +244,21 @@ class Trainer:
             state = {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                      "rng": ckpt.rng_state(), "step": self.step, "skipped_steps": self.skipped_steps}
             if self.ranks.world_size > 1:  # each process's own random stream (dropout), for an exact resume
-                streams: list[Any] = [None] * self.ranks.world_size
-                torch.distributed.all_gather_object(streams, ckpt.rng_state())
-                state["rng_ranks"] = streams
+                state["rng_ranks"] = self._gather_rng()
             self.checkpointer.save(self.step, self.module, self.optimizer, state)
+
+    def _gather_rng(self) -> dict[str, list[torch.Tensor]]:
+        """Every process's torch generator states (CPU, and this GPU's), gathered as uint8 tensors."""
+        mine = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            mine["cuda"] = torch.cuda.get_rng_state(self.device)
+        out = {}
+        for key, state in mine.items():
+            state = state.to(self.device)  # NCCL gathers GPU tensors
+            parts = [torch.empty_like(state) for _ in range(self.ranks.world_size)]
+            torch.distributed.all_gather(parts, state)
+            out[key] = [t.cpu() for t in parts]
+        return out
 
     def _resume(self) -> int:
         if self.checkpointer is None:
@@ -258,13 +269,14 @@ class Trainer:
             self.runtime.on_event(f"skipped {len(skipped)} damaged checkpoint(s): {'; '.join(skipped)}")
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        streams = state.get("rng_ranks")
-        if self.ranks.world_size > 1 and streams is not None and len(streams) == self.ranks.world_size:
-            ckpt.set_rng_state(streams[self.ranks.rank])
-        else:
-            ckpt.set_rng_state(state["rng"])
-            if self.ranks.world_size > 1:  # another number of processes: a fresh stream per process
-                torch.manual_seed(rank_seed(self.config.seed + int(state["step"]), self.ranks.rank))
+        ckpt.set_rng_state(state["rng"])
+        streams = state.get("rng_ranks") or {}
+        if self.ranks.world_size > 1 and len(streams.get("torch", ())) == self.ranks.world_size:
+            torch.set_rng_state(streams["torch"][self.ranks.rank])
+            if "cuda" in streams and self.device.type == "cuda":
+                torch.cuda.set_rng_state(streams["cuda"][self.ranks.rank], self.device)
+        elif self.ranks.world_size > 1:  # another number of processes: a fresh stream per process
+            torch.manual_seed(rank_seed(self.config.seed + int(state["step"]), self.ranks.rank))
         self.step, self.skipped_steps = int(state["step"]), int(state.get("skipped_steps", 0))
         return self.step
 
