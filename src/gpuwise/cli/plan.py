@@ -108,7 +108,7 @@ def plan(
     training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
                                     ("--checkpointing", checkpointing)) if v not in (None, False)]
     if task in ("infer", "decode") and training_only:
-        raise GpuwiseError(f"{training_only[0]} has no meaning for --task infer", f"drop {training_only[0]}")
+        raise GpuwiseError(f"{training_only[0]} has no meaning for --task {task}", f"drop {training_only[0]}")
     lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
                                  ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
                                  ("--qlora-recipe", qlora_recipe)) if v is not None]

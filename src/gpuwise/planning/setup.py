@@ -107,7 +107,7 @@ class Setup:
                                "use --precision bf16-mixed" + (" (--weights fp8 stores inference weights in fp8)"
                                                                if not self.training else ""))
         if self.loss != "standard" and not self.training:
-            raise GpuwiseError(f"--loss {self.loss} has no meaning for --task infer",
+            raise GpuwiseError(f"--loss {self.loss} has no meaning for --task {self.task}",
                                "drop --loss, or plan --task train")
         _positive("micro_batch", self.micro_batch, MAX_BATCH)
         _positive("seq", self.seq, 1 << 24)
@@ -132,7 +132,7 @@ class Setup:
                                        f"drop {flag.split()[0]}, or plan --task train")
         if self.optimizer_in_backward:
             if not self.training:
-                raise GpuwiseError("--optimizer-in-backward has no meaning for --task infer",
+                raise GpuwiseError(f"--optimizer-in-backward has no meaning for --task {self.task}",
                                    "drop --optimizer-in-backward, or plan --task train")
             if self.grad_accum > 1:
                 raise GpuwiseError(f"--optimizer-in-backward steps every micro-batch, so it cannot accumulate "
@@ -167,7 +167,8 @@ class Setup:
                                "--qlora")
         if self.weights in ("bf16", "fp16") and self.weights != self.spec.compute:
             raise GpuwiseError(f"--weights {self.weights} is not how --precision {self.precision} computes",
-                               f"pass --precision {self.weights}, or drop --weights")
+                               f"pass --precision {self.weights if self.weights == 'bf16' else 'fp16-mixed'}, "
+                               "or drop --weights")
 
     @property
     def quantized(self) -> bool:
@@ -193,6 +194,11 @@ class Setup:
         for name in ("tp", "pp", "cp", "nodes"):
             _positive(name, getattr(self, name), 1 << 12)
         _choice("offload", self.offload, Offload)
+        if self.parallel and not self.training:
+            flags = " ".join(f"--{k} {n}" for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1)
+            raise GpuwiseError(f"{flags}: tensor/pipeline/context parallelism is planned for training, not --task "
+                               f"{self.task}", "for serving a model that does not fit one GPU use --weights int8|nf4, "
+                               "or gpuwise recommend --serve")
         data_parallel(self.gpus, self.tp, self.pp, self.cp)
         if self.sp and self.tp == 1:
             raise GpuwiseError("--sequence-parallel splits the sequence over the --tp group", "add --tp N")
@@ -209,8 +215,8 @@ class Setup:
                                    f"pass --nodes {' or '.join(map(str, fit[:4]))}" if fit else "drop --nodes")
         if self.offload != "none":
             if not self.training:
-                raise GpuwiseError(f"--offload {self.offload} moves training state to the host; --task infer has "
-                                   "none", "drop --offload")
+                raise GpuwiseError(f"--offload {self.offload} moves training state to the host; --task "
+                                   f"{self.task} has none", "drop --offload")
             if self.offload == "params" and self.sharding != "fsdp":
                 raise GpuwiseError("--offload params offloads FSDP's sharded parameters (CPUOffloadPolicy)",
                                    "add --sharding fsdp (with --gpus N), or pass --offload optimizer")
@@ -220,11 +226,21 @@ class Setup:
             if self.optimizer_in_backward:
                 raise GpuwiseError("--offload and --optimizer-in-backward both move the optimizer step",
                                    "drop one of them")
+            if self.optimizer in ("adamw8bit", "paged-adamw8bit"):
+                raise GpuwiseError(f"--offload {self.offload} steps on the host with DeepSpeed's CPU Adam, which "
+                                   f"cannot run bitsandbytes' {self.optimizer}",
+                                   "pass --optimizer adamw, or drop --offload")
 
     @property
     def dp(self) -> int:
         """The data-parallel degree: the GPUs over the tensor, pipeline and context-parallel group."""
         return self.gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def pipeline_bubble(self) -> float:
+        """The share of a step each pipeline stage idles under 1F1B: (pp - 1) of the (m + pp - 1) slots, m the
+        micro-batches of a step (Narayanan et al. 2021, sec. 2.2); 0 without --pp. The one place that decides."""
+        return (self.pp - 1) / (self.grad_accum + self.pp - 1)
 
     @property
     def shard_gpus(self) -> int:
@@ -343,7 +359,9 @@ class Setup:
                 parts.append(f"{self.gpus} GPUs {self.sharding}{hsdp}")
             else:  # "16 GPUs: fsdp 2 x tp 8"
                 data = [f"{self.sharding} {self.dp}{hsdp}"] if self.dp > 1 else []
-                parts.append(f"{self.gpus} GPUs: " + " x ".join(data + model))
+                over_cp = self.dp == 1 and self.sharding != "ddp" and self.cp > 1  # states sharded over the cp ranks
+                parts.append(f"{self.gpus} GPUs: " + " x ".join(data + model)
+                             + (f", {self.sharding} over the {self.cp} cp ranks" if over_cp else ""))
         if self.offload != "none":
             parts.append(f"{self.offload} offloaded to the host")
         if self.compile:

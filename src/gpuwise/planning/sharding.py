@@ -92,6 +92,7 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
     def apply(x: np.ndarray, constant: float) -> np.ndarray:
         """Linear in each column; ``constant`` is 1 for the base, 0 for the slope (constants join the base only)."""
         x = x.copy()
+        stage = None  # (gathered 16-bit parameters, unsharded gradients) of a pipeline stage under fsdp
         if mode == "ddp":
             x[:, G] += constant * grad_total
             return x
@@ -111,6 +112,7 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
                 # through the step, its gradients accumulate unsharded in the reduce dtype
                 x[~opt, W] += unsharded[~opt]
                 x[~opt, G] *= n
+                stage = unsharded[~opt], x[~opt, G].copy()
             else:
                 x[~opt, T] += constant * 2 * block_bytes  # this block and the prefetched one, gathered
         if setup.offload == "optimizer":  # states and master on the host; gradients leave block by block
@@ -124,6 +126,10 @@ def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int
         elif setup.offload == "params":  # only the gathered blocks (in T) stay on the GPU
             x[:, [W, G, OPT]] = 0
             x[opt, T] = 0
+        if stage is not None:  # under PP the gathered stage and its accumulated gradients stay on the GPU, offload
+            # or not (torchtitan keeps them through the step; only the sharded state moves to the host)
+            x[~opt, W] = np.maximum(x[~opt, W], stage[0])
+            x[~opt, G] = stage[1]
         return x
 
     return replace(tl, base=apply(tl.base, 1.0), slope=apply(tl.slope, 0.0)), int(host)
@@ -156,6 +162,8 @@ def per_gpu(w: Workload, setup: Setup) -> PerGpu:
     timeline, host = sharded(w.timeline)
     live = timeline.live(setup.micro_batch)
     paged = w.paged_bytes // setup.shard_gpus if setup.sharding != "ddp" else w.paged_bytes  # each rank its shard's
+    if setup.offload != "none":  # the optimizer state is on the host (Setup refuses bitsandbytes' with --offload)
+        paged = 0
     return PerGpu(workload=w, setup=setup, timeline=timeline, live=live, peak_bytes=int(live.sum(axis=1).max()),
                   paged_bytes=paged, host_bytes=host,
                   batch_model=None if w.batch_model is None else sharded(w.batch_model)[0])
