@@ -320,8 +320,7 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
         window = float((times.max(axis=0) * c.count)[np.isin(c.phase, phases)].sum())
         exposed = max(comm_s - OVERLAP * window, tail / (link.busbw_gbps * 1e9))
     seconds = compute_s + memory_s + launch_s + exposed
-    # 1F1B: each stage idles (pp - 1) of the (m + pp - 1) slots of a step (Narayanan et al. 2021, sec. 2.2)
-    bubble = (s.pp - 1) / (s.grad_accum + s.pp - 1)
+    bubble = s.pipeline_bubble  # 1F1B: each stage idles (pp - 1) of the (m + pp - 1) slots of a step
     seconds /= 1 - bubble
     peak = datasheet or tflops
     if measured:
@@ -374,5 +373,5 @@ def step_time_floor(step: PerGpu, accelerator: Accelerator,
         fp8_flops = float(c.flops[mask] @ c.count[mask])
         compute = fp8_flops / (fp8 * 1e12) + max(step.workload.flops_per_step - fp8_flops, 0) / (hp * 1e12)
     memory = step.workload.bytes_per_step / (gbps * 1e9) if gbps else 0.0
-    idle = 1 - (step.setup.pp - 1) / (step.setup.grad_accum + step.setup.pp - 1)  # a 1F1B pipeline's bubble
+    idle = 1 - step.setup.pipeline_bubble
     return StepFloor(seconds=max(compute, memory) / idle, basis="measured" if measured else "datasheet")

@@ -91,7 +91,7 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
         step_s = token_s = None if token is None else token.seconds
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
                   headroom_bytes=headroom, status="no" if no_fp8 else status(headroom, acc.memory_bytes),
-                  max_batch=max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
+                  max_batch=0 if no_fp8 else max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
                   step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s,
                   missing_dtype="bf16" if step.setup.spec.needs_bf16 and not no_fp8
                   and not acc.peak_tflops.get("bf16") else None)

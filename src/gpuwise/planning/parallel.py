@@ -89,6 +89,15 @@ def check(source, setup: Setup) -> None:
         if seq % (2 * setup.cp):
             raise GpuwiseError(f"--cp {setup.cp} does not split --seq {seq} into 2 x {setup.cp} equal chunks "
                                "(load-balanced ring attention)", f"pass a --seq that is a multiple of {2 * setup.cp}")
+    if setup.sp:
+        seq = source.tokens(setup)
+        if (seq // setup.cp) % setup.tp:  # each context-parallel rank's s / cp tokens, split --tp ways
+            step = math.lcm(setup.tp * setup.cp, 2 * setup.cp if setup.cp > 1 else 1)
+            near = max(step, round(seq / step) * step)
+            raise GpuwiseError(f"--sequence-parallel splits --seq {seq}"
+                               + (f" / --cp {setup.cp}" if setup.cp > 1 else "")
+                               + f" over --tp {setup.tp}, which does not divide it",
+                               f"pass --seq {near} (a multiple of {step}), or drop --sequence-parallel")
     if setup.tp > 1:
         dec = source.decoder
         if dec is None:
@@ -379,16 +388,16 @@ class Layout:
     offload: str
     host_bytes: int  # host memory per GPU for the offloaded state
     host_bytes_per_node: int | None  # with --nodes: host_bytes x the GPUs of one node
+    sharding: str = "ddp"  # how the model states are split over the shard_gpus (--sharding)
 
 
 def layout(setup: Setup, n_layer: int | None, host_bytes: int) -> Layout:
     per_node = setup.gpus // setup.nodes if setup.nodes > 1 else None
-    m = setup.grad_accum
     return Layout(gpus=setup.gpus, dp=setup.dp, tp=setup.tp, pp=setup.pp, cp=setup.cp, nodes=setup.nodes,
                   shard_gpus=setup.shard_gpus, stage=setup.stage if setup.pp > 1 else None,
                   stage_layers=stage_layers(n_layer, setup) if setup.pp > 1 and n_layer else None,
-                  in_flight=in_flight_micro_batches(setup), bubble=(setup.pp - 1) / (m + setup.pp - 1),
-                  offload=setup.offload, host_bytes=host_bytes,
+                  in_flight=in_flight_micro_batches(setup), bubble=setup.pipeline_bubble,
+                  offload=setup.offload, host_bytes=host_bytes, sharding=setup.sharding,
                   host_bytes_per_node=None if per_node is None else host_bytes * per_node)
 
 

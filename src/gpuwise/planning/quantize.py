@@ -36,7 +36,7 @@ from torch import nn
 
 from gpuwise.errors import NotApplicable
 
-NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit (also transforms.NF4_BLOCK, the QLoRA base)
+NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit (FORMATS["nf4"] is also the QLoRA base: transforms.py)
 NF4_SECOND_BLOCK = 256  # double quantisation: absmax values per fp32 constant
 AWQ_GROUP = 128  # AutoAWQ's default q_group_size
 AWQ_DEQUANT_TOKENS = 1024  # AutoAWQ WQLinear_GEMM: at x.shape[0] * x.shape[1] >= 1024 it dequantises, then matmul

@@ -175,6 +175,30 @@ def smaller_batch(s: Setup, gpu: Gpu) -> Setup | None:
     return replace(s, micro_batch=micro) if micro else None
 
 
+def _model_split(s: Setup) -> str:
+    """"tp 2 x pp 2", the tensor/pipeline/context split of ``s`` ("" without one)."""
+    return " x ".join(f"{k} {n}" for k, n in (("tp", s.tp), ("pp", s.pp), ("cp", s.cp)) if n > 1)
+
+
+def _where(s: Setup) -> str:
+    """Where a LoRA row runs: "one GPU", or the GPUs and the split the run keeps ("2 GPUs (tp 2)")."""
+    if s.gpus == 1:
+        return "one GPU"
+    split = _model_split(s)
+    return f"{s.gpus} GPUs" + (f" ({split})" if split else "")
+
+
+def _fsdp_name(s: Setup) -> str:
+    """The GPUs FSDP really shards the states over (the data- and context-parallel ranks), and the split kept."""
+    split = _model_split(s)
+    over = f"FSDP over {s.shard_gpus} GPU{'s' if s.shard_gpus > 1 else ''}"
+    return over + (f" x {split} = {s.gpus} GPUs" if split else "") + f" (global batch {s.batch})"
+
+
+def _rest_dtype(s: Setup) -> str:
+    return s.spec.compute if s.spec.compute in ("bf16", "fp16") else "fp32"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Step:
     change: Callable[[Setup, Gpu], Setup | None]  # None: does not apply
@@ -189,13 +213,14 @@ TRAINING: tuple[Step, ...] = (
          + (" (selective: torchtitan's op policy)" if s.checkpointing == "selective" else "")),
     Step(change=accumulation, while_short=True,
          name=lambda s: f"micro-batch {s.micro_batch} x {s.grad_accum} accumulation (same batch)"),
-    Step(change=fsdp, keep=False, while_short=True, name=lambda s: f"FSDP over {s.gpus} GPUs (global batch {s.batch})"),
-    Step(change=lora, keep=False, name=lambda s: f"LoRA rank {s.lora_rank}, one GPU (fine-tuning only)"),
-    Step(change=qlora, keep=False, name=lambda s: "QLoRA, 4-bit base, one GPU (fine-tuning only)"),
+    Step(change=fsdp, keep=False, while_short=True, name=_fsdp_name),
+    Step(change=lora, keep=False, name=lambda s: f"LoRA rank {s.lora_rank}, {_where(s)} (fine-tuning only)"),
+    Step(change=qlora, keep=False, name=lambda s: f"QLoRA, 4-bit base, {_where(s)} (fine-tuning only)"),
 )
 INFERENCE: tuple[Step, ...] = (
     Step(change=smaller_batch, name=lambda s: f"smaller batch {s.micro_batch}"),
-    Step(change=quantized_weights, name=lambda s: f"{s.weights} weights in the blocks (embeddings and head 16-bit)"),
+    Step(change=quantized_weights,
+         name=lambda s: f"{s.weights} weights in the blocks (embeddings and head {_rest_dtype(s)})"),
 )
 
 

@@ -33,11 +33,10 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from gpuwise.compat import TorchDispatchMode
 from gpuwise.errors import GpuwiseError, NotApplicable
+from gpuwise.planning.quantize import FORMATS
 
-# QLoRA (Dettmers et al. 2023, sec. 2): NF4 weights are 4 bits; blocks of 64 weights share one absmax,
-# itself quantised to 8 bits with one fp32 constant per 256 absmax values ("double quantisation").
-NF4_BLOCK = 64
-NF4_SECOND_BLOCK = 256
+# QLoRA's base (Dettmers et al. 2023, sec. 2) is stored as planning/quantize.py's FORMATS["nf4"] lays NF4 out (4-bit
+# weights, one 8-bit absmax per 64, one fp32 constant per 256 absmax): the one table, shared with --weights nf4.
 
 # bitsandbytes before 0.43.2 (July 2024) kept each 4-bit layer's input for a weight gradient it never computes:
 # ``MatMul4Bit.forward`` ended ``ctx.tensors = (A, B)``; bitsandbytes PR #1270 made it ``(None, B)`` ("the bug
@@ -271,11 +270,9 @@ class Linear4bit(nn.Module):
         n = linear.weight.numel()
         self.shape = tuple(linear.weight.shape)
         self.dtype = dtype
-        self.register_buffer("packed", torch.empty(n // 2 + n % 2, dtype=torch.uint8, device=linear.weight.device))
-        n_abs = -(-n // NF4_BLOCK)
-        self.register_buffer("absmax", torch.empty(n_abs, dtype=torch.uint8, device=linear.weight.device))
-        self.register_buffer("absmax_scale", torch.empty(-(-n_abs // NF4_SECOND_BLOCK), dtype=torch.float32,
-                                                         device=linear.weight.device))
+        for name, buf_dtype, numel in FORMATS["nf4"].tensors:  # the packed weights, absmax, absmax_scale
+            self.register_buffer("packed" if name == "weight" else name,
+                                 torch.empty(numel(*self.shape), dtype=buf_dtype, device=linear.weight.device))
         self.bias = linear.bias
         self.numel = n
 

@@ -108,7 +108,7 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
     rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
     if plan.decode:
-        console.print(f"token ≥: one decode step's floor, max(bytes read / bandwidth, FLOPs / 16-bit peak), at the "
+        console.print(f"token ≥: one decode step's floor, max(bytes read / bandwidth, FLOPs / matmul peak), at the "
                       f"{rates}datasheet's figures; llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
         console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
@@ -121,8 +121,9 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
         console.print("fp8: the linear layers' GEMMs at the fp8 rate, the rest at bf16's; GPUs without fp8 tensor "
                       "cores (before Ada and Hopper) cannot run it: 'no'")
     if plan.remedies:
+        on = "one-GPU" if plan.setup.gpus == 1 else f"{plan.setup.gpus}-GPU"
         rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
-                          "(LoRA from the one-GPU step); flags: all to add to your command",
+                          f"(LoRA from the {on} step); flags: all to add to your command",
                     box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
         rem.add_column("change", overflow="fold")
         rem.add_column("flags", overflow="fold", style="cyan")
@@ -143,7 +144,7 @@ def _decode_rows(plan: MemoryPlan, head: Table) -> None:
     s, d = plan.setup, plan.decode
     if s.quantized:
         head.add_row("weights", f"{s.weights} in the blocks' linear layers (planning/quantize.py); embeddings, norms "
-                     "and head 16-bit")
+                     f"and head {s.spec.compute if s.spec.compute in ('bf16', 'fp16') else 'fp32'}")
     if d is not None:
         seqs = f"{d.batch} sequences" if d.batch > 1 else "1 sequence"
         head.add_row("decode", f"{seqs} x {d.context:,} cached tokens, one more each: a step reads "
@@ -176,6 +177,9 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
     text = " x ".join(parts)
     if lay.cp > 1:
         text += f"; each GPU holds 1/{lay.cp} of every sequence (ring attention passes the K/V chunks round)"
+        if lay.sharding != "ddp" and lay.nodes == 1:
+            text += (f"; {lay.sharding} shards the states over {lay.shard_gpus} GPUs ({lay.dp} data-parallel x "
+                     f"{lay.cp} context-parallel)")
     if lay.nodes > 1:
         text += (f"; HSDP: states sharded over {lay.shard_gpus} GPU{'s' if lay.shard_gpus > 1 else ''} in each of "
                  f"{lay.nodes} nodes, replicated across")
