@@ -24,6 +24,7 @@ L7, D7, F7, V7 = 32, 4096, 11008, 32000
 LINEAR_7B = L7 * (4 * D7 * D7 + 3 * D7 * F7)  # 6,476,005,376
 OTHER_7B = 2 * V7 * D7 + (2 * L7 + 1) * D7  # 262,410,240, kept in 16 bits by bitsandbytes and AWQ
 ROWS_7B = L7 * (4 * D7 + 3 * F7 - F7 + D7)  # output rows of the linear layers: q,k,v,o,down 4096, gate,up 11008
+UNREAD_7B = (V7 - 1) * D7 * 2  # a decode step of one sequence looks up one row of the (untied) token embedding
 
 
 @functools.cache
@@ -61,8 +62,9 @@ def test_nf4_weights_as_bitsandbytes_stores_them():
     About 3.87 GB for Llama-2-7B, the ~3.9 GB people see for a 7B model loaded in 4 bits."""
     p = _zoo("llama2-7b", task="decode", context=1023, precision="bf16", weights="nf4")
     expected = LINEAR_7B * (0.5 + 1 / 64 + 4 / (64 * 256)) + 2 * OTHER_7B
-    assert p.decode.weight_bytes == pytest.approx(expected, rel=1e-3)
-    assert 3.8e9 < p.decode.weight_bytes < 3.9e9
+    assert p.breakdown["weights"] == pytest.approx(expected, rel=1e-3)
+    assert 3.8e9 < p.breakdown["weights"] < 3.9e9
+    assert p.decode.weight_bytes == p.breakdown["weights"] - UNREAD_7B  # read: all but the embedding's other rows
     assert FORMATS["nf4"].bytes_per_weight() * 8 == pytest.approx(4.127, abs=1e-3)  # QLoRA §2: 4.127 bits
 
 
@@ -71,7 +73,8 @@ def test_int8_weights_as_llm_int8_stores_them():
     output row (SCB); the rest 16-bit. Its matmul never makes a 16-bit copy of the weight."""
     p = _zoo("llama2-7b", task="decode", context=1023, precision="bf16", weights="int8")
     expected = LINEAR_7B + 4 * ROWS_7B + 2 * OTHER_7B  # 7,006,265,344
-    assert p.decode.weight_bytes == pytest.approx(expected, rel=1e-4)
+    assert p.breakdown["weights"] == pytest.approx(expected, rel=1e-4)
+    assert p.decode.weight_bytes == p.breakdown["weights"] - UNREAD_7B
     assert p.breakdown["temporaries"] < 1 << 20  # no dequantised weight at batch 1
 
 
@@ -84,16 +87,17 @@ def test_the_weight_table_is_the_simulated_storage():
 
 def test_the_latency_floor_is_bytes_read_over_bandwidth():
     """Llama-2-7B in bf16, one sequence at 4,095 cached tokens, on an RTX 4090 (1,008 GB/s, NVIDIA Ada whitepaper):
-    the step reads 2 x 6,738,415,616 weight bytes and a 2 GiB cache: 15.50 ms a token, memory-bound (its 13.5 GFLOPs
+    the step reads 2 x 6,738,415,616 weight bytes but the token embedding's 31,999 rows no sequence looks up, and a
+    2 GiB cache: 15.24 ms a token, memory-bound (its 13.5 GFLOPs
     take 0.08 ms at 165 TFLOPS). serving.decode_time's estimate of the same step, with achieved bandwidth and fixed
     costs, is slower than this floor."""
     acc = load_catalog().get("rtx-4090")
     assert acc.memory_bandwidth_gbps == 1008
     p = _zoo("llama2-7b", task="decode", context=4095, precision="bf16")
-    read = 2 * (LINEAR_7B + OTHER_7B) + kv_bytes(32, 32, 128, 4096, 1)
+    read = 2 * (LINEAR_7B + OTHER_7B) - UNREAD_7B + kv_bytes(32, 32, 128, 4096, 1)
     (fit,) = p.gpus
     assert fit.token_floor_s == pytest.approx(read / 1008e9, rel=1e-3) == fit.step_time_s
-    assert fit.token_floor_s == pytest.approx(15.50e-3, rel=2e-3)
+    assert fit.token_floor_s == pytest.approx(15.24e-3, rel=2e-3)
     est = decode_time(acc, params=LINEAR_7B + OTHER_7B, layers=32, kv_heads=32, head_dim=128, context=4096)
     assert est.seconds_per_token > fit.token_floor_s and est.bound == "memory"
 
@@ -161,10 +165,11 @@ def test_bad_combinations_are_one_line_and_exit_2(capsys, args):
 def test_the_floor_is_below_a_measured_decode(gpu, measured_tok_s):
     """llama.cpp F16 Llama-3-8B, tg at about 512 tokens of context (XiongjieDai/GPU-Benchmarks-on-LLM-Inference):
     54.34 tokens/s on an RTX 4090, 46.51 on an RTX 3090. The floor is faster than any real run, and not by much:
-    a memory-bound step reaches 80-90% of the datasheet bandwidth there."""
+    a memory-bound step reaches 75-85% of the datasheet bandwidth there (the floor reads one row of the token
+    embedding, not its 1 GB table)."""
     p = plan_model("llama3-8b", Setup(task="decode", context=512, precision="bf16"), gpu=gpu)
     ratio = (1 / measured_tok_s) / p.gpus[0].token_floor_s  # measured time over the floor
-    assert 1.0 < ratio < 1.3
+    assert 1.0 < ratio < 1.4
 
 
 def test_a_sliding_window_cache_holds_its_window(tmp_path):

@@ -75,6 +75,9 @@ class Capture:
     uncosted_optimizer: dict[str, int] = field(default_factory=dict)
     storages: Storages | None = field(default=None, repr=False, compare=False)  # what ``live`` sums
     paged_bytes: int = 0  # optimizer state in paged memory (in the optimizer column too): it can spill to the host
+    # (rows, bytes a row) of each nn.Embedding not tied to a linear layer (a tied one is read whole, as the head):
+    # a decode step reads one row a sequence of it, not the table (serving.DecodeRead)
+    embeddings: tuple[tuple[int, int], ...] = ()
 
     def reweighed(self, grad_accum: int) -> Capture:
         """The same recording weighed for ``grad_accum`` micro-batches a step (holding as many as this one)."""
@@ -260,6 +263,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             model.eval()  # BatchNorm uses its running statistics, dropout is off
         largest = max(blocks, key=_state_bytes) if blocks is not None else nn.Module()
         block_bytes = _state_bytes(largest)
+        linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+        embeddings = tuple((m.num_embeddings, m.embedding_dim * m.weight.element_size()) for m in model.modules()
+                           if isinstance(m, nn.Embedding) and id(m.weight) not in linear_weights)
         # inference trains nothing, whatever requires_grad says (modules are built with it on)
         block_trainable = sum(p.numel() for p in largest.parameters() if p.requires_grad) if setup.training else 0
         trainable = [p for p in model.parameters() if p.requires_grad] if setup.training else []
@@ -363,5 +369,5 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             grad_accum=setup.grad_accum, held=micro, rows=rows, fb_ops=fb_ops, fb_samples=fb_samples,
             first_ops=first_ops, first_samples=first_samples, uncosted_first=uncosted_first,
             uncosted_optimizer=dict(Counter(tracker.uncosted) - uncosted_fb), storages=storages,
-            paged_bytes=paged_bytes,
+            paged_bytes=paged_bytes, embeddings=embeddings,
         )

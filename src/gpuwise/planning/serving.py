@@ -71,8 +71,10 @@ class DecodeTime:
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeRead:
-    """What one decode step reads, from its capture (``gpuwise plan --task decode``): every stored weight once, and
-    every sequence's KV cache (the N cached tokens and the new one); its FLOPs (matmuls, and attention over the cache).
+    """What one decode step reads, from its capture (``gpuwise plan --task decode``): every stored weight once but
+    the rows of an untied embedding no sequence looks up (each reads one row of it; a tied one is read whole as the
+    head), and every sequence's KV cache (the N cached tokens and the new one); its FLOPs (matmuls, and attention over
+    the cache).
     """
 
     weight_bytes: int
@@ -80,6 +82,7 @@ class DecodeRead:
     flops: int
     context: int  # tokens cached before the step
     batch: int  # sequences, one new token each
+    weights: str | None = None  # --weights: int8 and fp8 multiply at their own rate (W8A8)
 
     @property
     def bytes_read(self) -> int:
@@ -90,7 +93,9 @@ class DecodeRead:
         """From a captured decode step: its live bytes by category at the end of the forward (the cache holds the
         N + 1 tokens by then, and nothing but the weights and the cache is read whole)."""
         at = step.live[step.timeline.end_of_forward]
-        return cls(weight_bytes=int(at[CATEGORIES.index("weights")]),
+        b = step.setup.micro_batch
+        unread = sum(max(rows - b, 0) * row for rows, row in step.workload.embeddings)  # positions: <= b rows read
+        return cls(weight_bytes=int(at[CATEGORIES.index("weights")]) - unread, weights=step.setup.weights,
                    kv_cache_bytes=int(at[CATEGORIES.index("kv_cache")]), flops=step.workload.flops_per_step,
                    context=step.setup.context or 0, batch=step.setup.micro_batch)
 
@@ -111,12 +116,13 @@ def roofline(*, bytes_read: float, flops: float, bytes_per_s: float, flops_per_s
 
 
 def decode_floor(acc: Accelerator, read: DecodeRead, *, calibration: Calibration | None = None) -> TokenFloor | None:
-    """The per-token latency floor of a captured decode step on ``acc``: bytes read / bandwidth or FLOPs / the 16-bit
-    peak, whichever is larger, at the datasheet's figures (or gpuwise bench --calibrate's). None: no bandwidth."""
+    """The per-token latency floor of a captured decode step on ``acc``: bytes read / bandwidth or FLOPs / the matmul
+    peak (16-bit; int8's or fp8's for those weights, ``_rate``), whichever is larger, at the datasheet's figures
+    (or gpuwise bench --calibrate's). None: no bandwidth."""
     gbps = (calibration.gbps if calibration is not None else None) or acc.memory_bandwidth_gbps
     if not gbps:
         return None
-    key, tflops, measured = _rate(acc, calibration)
+    key, tflops, measured = _rate(acc, calibration, read.weights)
     seconds, bound = roofline(bytes_read=read.bytes_read, flops=read.flops, bytes_per_s=gbps * 1e9,
                               flops_per_s=tflops * 1e12 if tflops else None)
     basis = (f"{read.bytes_read / 2**30:.2f} GiB read ({read.weight_bytes / 2**30:.2f} weights + "
@@ -156,9 +162,13 @@ def _positive(**values: float) -> None:
             raise GpuwiseError(f"{name} {v!r} is not a positive number", f"pass {name} > 0")
 
 
-def _rate(acc: Accelerator, calibration: Calibration | None) -> tuple[str, float | None, bool]:
-    """Weight-only quantised layers compute in 16 bits: the bf16 rate, else fp16, else fp32."""
-    for key in ("bf16", "fp16", "fp32"):
+def _rate(acc: Accelerator, calibration: Calibration | None, quant: str | None = None
+          ) -> tuple[str, float | None, bool]:
+    """The matmul rate of a decode step: int8 and fp8 weights multiply in their own format (W8A8: LLM.int8's
+    int8 GEMM, vLLM's fp8 ``_scaled_mm``) where the GPU has that rate; weight-only formats (int4, nf4) and 16-bit
+    weights compute in 16 bits: the bf16 rate, else fp16, else fp32."""
+    own = (quant,) if quant in ("int8", "fp8") else ()
+    for key in (*own, "bf16", "fp16", "fp32"):
         measured = calibration.tflops.get(key) if calibration is not None else None
         if measured or acc.peak_tflops.get(key):
             return key, measured or acc.peak_tflops.get(key), bool(measured)
@@ -194,7 +204,7 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     cls = memory_class(acc)
     fit = DECODE[cls]
     eta_bw = min(1.0, fit.eta / COPY_CEILING) if measured_bw else fit.eta
-    key, tflops, measured = _rate(acc, calibration)
+    key, tflops, measured = _rate(acc, calibration, quant)
     if tflops and not measured:  # the clock the board holds at its power (costmodel.POWER)
         tflops *= clock_share(acc)[0]
     mm: Efficiency = efficiency("matmul", acc)

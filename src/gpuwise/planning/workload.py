@@ -39,6 +39,7 @@ class Workload:
     captures: tuple[tuple[Capture, ...], ...] = field(default=(), repr=False, compare=False)
     n_layer: int | None = None  # the blocks the 2- and 3-block captures were scaled to
     paged_bytes: int = 0  # optimizer state in paged memory (counted in the timeline's optimizer column too)
+    embeddings: tuple[tuple[int, int], ...] = ()  # (rows, bytes a row) of the untied embeddings (Capture.embeddings)
 
     def at(self, micro_batch: int, grad_accum: int) -> Workload | None:
         """The workload of this step at ``micro_batch`` x ``grad_accum`` without capturing it again: every live
@@ -153,7 +154,7 @@ def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, 
             block_bytes=c.block_bytes, block_trainable_params=c.block_trainable_params,
             flops_per_step=c.flops_per_step, bytes_per_step=c.bytes_per_step, costs=c.costs,
             tokens_per_step=tokens, timeline=timeline, batch_model=model, uncosted=c.uncosted, captured_blocks=None,
-            captures=tuple(groups), paged_bytes=c.paged_bytes,
+            captures=tuple(groups), paged_bytes=c.paged_bytes, embeddings=c.embeddings,
         )
     (c2, t2, m2), (c3, t3, m3) = (_timelines(g) for g in groups)
     timeline = extrapolate_blocks(t2, t3, n_layer)
@@ -176,5 +177,5 @@ def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, 
         uncosted={op: lin(c2.uncosted.get(op, 0), c3.uncosted.get(op, 0))
                   for op in {**c2.uncosted, **c3.uncosted}},
         captured_blocks=(2, 3), captures=tuple(groups), n_layer=n_layer,
-        paged_bytes=lin(c2.paged_bytes, c3.paged_bytes),
+        paged_bytes=lin(c2.paged_bytes, c3.paged_bytes), embeddings=c3.embeddings,
     )
