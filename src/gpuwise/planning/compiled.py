@@ -259,17 +259,13 @@ def _like(t: torch.Tensor) -> torch.Tensor:
 
 def _first_call(fn: Callable, params: list[torch.Tensor], inputs: list[torch.Tensor],
                 pause: Callable[[bool], None] | None) -> None:
-    """Trace ``fn`` and compile its backward on stand-ins, unrecorded: AOTAutograd keeps the inputs it traced with,
-    which must not be the step's own tensors (they would stay alive in the plan)."""
-    from gpuwise.compat import tree_leaves
-
+    """Trace ``fn`` and compile its backward (now, not lazily in the step's backward) on stand-ins, unrecorded: the
+    first call keeps its inputs alive for a while, and the step's own tensors must not be those."""
     if pause is not None:
         pause(True)
     try:
-        out = fn([_like(p) for p in params], *(_like(x) for x in inputs))
-        outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            fn([_like(p) for p in params], *(_like(x) for x in inputs))
     finally:
         if pause is not None:
             pause(False)
