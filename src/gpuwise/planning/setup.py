@@ -227,8 +227,8 @@ class Setup:
                 raise GpuwiseError("--offload and --optimizer-in-backward both move the optimizer step",
                                    "drop one of them")
             if self.optimizer in ("adamw8bit", "paged-adamw8bit"):
-                raise GpuwiseError(f"--offload {self.offload} steps on the host with DeepSpeed's CPU Adam, which "
-                                   f"cannot run bitsandbytes' {self.optimizer}",
+                raise GpuwiseError(f"--offload {self.offload} runs the optimizer step on the host (DeepSpeed's CPU "
+                                   f"Adam, FSDP2's CPU step), where bitsandbytes' {self.optimizer} cannot run",
                                    "pass --optimizer adamw, or drop --offload")
 
     @property
