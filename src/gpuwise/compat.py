@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 # Flatten nested outputs of an op to their tensors. torch.utils._pytree (the public torch.utils.pytree
 # appears in 2.6 and is not in 2.5).
-from torch.utils._pytree import tree_leaves, tree_map  # noqa: E402
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten  # noqa: E402
 
 
 def fsdp2():
@@ -44,7 +44,7 @@ def scaled_mm(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum: bool):
 
 
 __all__ = ["FAKE_TENSOR_LOGGER", "DataDependentOutputException", "FakeTensor", "FakeTensorMode",
-           "TorchDispatchMode", "fsdp2", "scaled_mm", "tree_leaves", "tree_map"]
+           "TorchDispatchMode", "fsdp2", "scaled_mm", "tree_flatten", "tree_leaves", "tree_map", "tree_unflatten"]
 
 
 # The float unary ops ATen sends to oneMKL's VML on the CPU (aten/src/ATen/cpu/vml.h, IMPLEMENT_VML_MKL).

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from gpuwise.compat import tree_flatten, tree_unflatten
 from gpuwise.errors import GpuwiseError, first_line
 
 aten = torch.ops.aten

@@ -6,7 +6,7 @@ torchao/float8/float8_linear.py). With the default recipe (tensorwise dynamic sc
 
 - forward: saves the high-precision input and weight for backward (``ctx.save_for_backward(input_hp,
   weight_hp_t)``), casts both to float8 e4m3 with a scale from ``max(abs(x))`` and multiplies them with
-  ``torch._scaled_mm`` into the high-precision output dtype;
+  ``aten._scaled_mm`` into the high-precision output dtype;
 - backward: casts the output gradient to e5m2 and the weight to e4m3 again for the input gradient, and the output
   gradient and the saved input again, in the transposed layouts, for the weight gradient.
 
@@ -32,7 +32,7 @@ from gpuwise.compat import scaled_mm
 
 E4M3 = torch.float8_e4m3fn  # forward operands (torchao's e4m3_dtype)
 E5M2 = torch.float8_e5m2  # gradients (e5m2_dtype: more range, less precision)
-SCALED_MM_MULTIPLE = 16  # torch._scaled_mm needs both matrix dimensions to be multiples of 16
+SCALED_MM_MULTIPLE = 16  # aten._scaled_mm needs both matrix dimensions to be multiples of 16
 
 
 def _to_float8(x: torch.Tensor, dtype: torch.dtype, *, column_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ The formats, one row each (``FORMATS``), with the tensors the library keeps for 
   matmul; from 1024 on it dequantises into a 16-bit temporary (``FP16_MATMUL_HEURISTIC_CONDITION``). GPTQ's layout
   is the same size (plus an int32 ``g_idx`` of ``in``).
 - ``fp8``: float8 e4m3 weights with one fp32 scale per tensor, as vLLM's fp8 checkpoints hold them; the matmul
-  (W8A8, ``torch._scaled_mm``) quantises its input to fp8: no 16-bit copy of the weight.
+  (W8A8, ``aten._scaled_mm``) quantises its input to fp8: no 16-bit copy of the weight.
 
 >>> round(FORMATS["nf4"].bytes_per_weight(), 4)    # 4.127 bits (QLoRA §2)
 0.5159

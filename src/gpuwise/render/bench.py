@@ -51,9 +51,11 @@ def render_bench(results: list[BenchResult], header: str, console: Console) -> N
 
 def render_compare(pairs: list[tuple[BenchResult, BenchResult, float]], names: tuple[str, str],
                    console: Console) -> None:
-    table = Table(title=f"{names[1]} against {names[0]}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), (names[0], "right"),
-                         (names[1], "right"), ("speed-up", "right")):
+    # the runs' names (file paths, often long) are said above the table, so the columns keep short headers
+    console.print(Text(f"A: {names[0]}\nB: {names[1]}", overflow="fold"))
+    table = Table(title="B against A", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col, justify in (("op", "left"), ("dtype", "left"), ("shape", "left"), ("A", "right"),
+                         ("B", "right"), ("speed-up", "right")):
         # the op and shape fold; the timings and the ratio never split
         table.add_column(col, justify=justify, overflow="fold", no_wrap=justify == "right")
     for a, b, ratio in pairs:
