@@ -64,6 +64,16 @@ OffloadOption = Annotated[str | None, typer.Option("--offload", help=(
     "Host memory is reported apart [none]."))]
 
 
+# Inference (planning/quantize.py, planning/serving.py): one --weights for plan and recommend --serve.
+WeightsOption = Annotated[str | None, typer.Option(help=(
+    "Inference weights: bf16 or fp16 (as computed), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes 4-bit, double "
+    "quantisation), int4 (AWQ/GPTQ, group 128) or fp8; the blocks' linear layers only; embeddings, norms and head stay "
+    "in the compute dtype. recommend --serve also takes q4_k_m (llama.cpp) [as computed]."))]
+ContextOption = Annotated[int | None, typer.Option(help=(
+    "--task decode: tokens already in each sequence's KV cache; the step feeds one more [the model's default "
+    "sequence]."))]
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"gpuwise {__version__}")
@@ -85,12 +95,3 @@ def check_png(plot: str | None) -> None:
     if plot is not None and not plot.lower().endswith(".png"):
         raise GpuwiseError(f"--plot {plot}: the picture is a PNG", f"pass --plot {plot.rsplit('.', 1)[0]}.png")
 
-
-# Inference (planning/quantize.py, planning/serving.py): one --weights for plan and recommend --serve.
-WeightsOption = Annotated[str | None, typer.Option(help=(
-    "Inference weights: bf16 or fp16 (as computed), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes 4-bit, double "
-    "quantisation), int4 (AWQ/GPTQ, group 128) or fp8; the blocks' linear layers only, embeddings and head stay "
-    "16-bit. recommend --serve also takes q4_k_m (llama.cpp) [as computed]."))]
-ContextOption = Annotated[int | None, typer.Option(help=(
-    "--task decode: tokens already in each sequence's KV cache; the step feeds one more [the model's default "
-    "sequence]."))]
