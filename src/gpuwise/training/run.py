@@ -147,6 +147,7 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
     from gpuwise.hardware.device import local_machine
     from gpuwise.precision import PRECISIONS, tf32_matmuls
     from gpuwise.training.distributed import start, stop
+    from gpuwise.training.trainer import Interrupted
 
     environ = os.environ if environ is None else environ
     ranks = Ranks.from_environ(environ)  # set by torchrun
@@ -158,6 +159,9 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
             summary = _run(opts, prepared, ranks, on_log, on_event, on_resume)
         finished = True
         return summary
+    except Interrupted as stopped:  # Ctrl-C: every process stopped after the same step, and saved it together
+        finished = not stopped.forced
+        raise
     finally:
         stop(ranks, clean=finished)
 

@@ -47,11 +47,12 @@ CPU = Target(name="cpu", backend="cpu", index=None, model="cpu", row=None, bf16=
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run after ``step``; ``saved`` is the checkpoint that holds it (None without a folder)."""
+    """Ctrl-C stopped the run after ``step``; ``saved`` is the checkpoint that holds it (None without a folder).
+    ``forced``: a second Ctrl-C stopped it mid-step (nothing saved; under torchrun the processes are not in step)."""
 
-    def __init__(self, step: int, saved: Path | None) -> None:
+    def __init__(self, step: int, saved: Path | None, forced: bool = False) -> None:
         super().__init__(step, saved)
-        self.step, self.saved = step, saved
+        self.step, self.saved, self.forced = step, saved, forced
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -506,9 +507,10 @@ class Trainer:
     @contextlib.contextmanager
     def _stop_on_interrupt(self):
         """The first Ctrl-C lets the step in progress finish (a half-applied update is never saved); the second
-        stops at once. One process only: under torchrun every process must stop at the same step."""
-        self.interrupted = self.forced = False
-        if self.ranks.world_size > 1 or threading.current_thread() is not threading.main_thread():
+        stops at once. Under torchrun (which passes Ctrl-C on to every process, each at its own point in a step)
+        the processes agree on the step to stop after: the flag travels with the step's loss all-reduce."""
+        self.interrupted = self.forced = self.stop_agreed = False
+        if threading.current_thread() is not threading.main_thread():
             yield
             return
 
@@ -526,13 +528,14 @@ class Trainer:
 
     def _interrupted(self) -> Interrupted:
         """Save the steps trained since the last checkpoint, and say where the run stopped."""
+        forced = getattr(self, "forced", False)
         if self.checkpointer is None:
-            return Interrupted(self.step, None)
-        if self.step > self.saved and not getattr(self, "forced", False):
+            return Interrupted(self.step, None, forced)
+        if self.step > self.saved and not forced:  # under torchrun every process is here, after the same step
             self._save()
             self.saved = self.step
         found, _ = ckpt.latest(self.checkpointer.folder)
-        return Interrupted(self.step, found.path if found is not None else None)
+        return Interrupted(self.step, found.path if found is not None else None, forced)
 
     def _loop(self, resumed: int | None) -> TrainResult:
         cfg, world = self.config, self.ranks.world_size
@@ -542,7 +545,7 @@ class Trainer:
         batches = stream(self.data, self.step, cfg.steps, cfg.batch, self.ranks.rank, world,
                          pin=self.device.type == "cuda")
         while self.step < cfg.steps:
-            if getattr(self, "interrupted", False):
+            if getattr(self, "stop_agreed" if world > 1 else "interrupted", False):
                 raise KeyboardInterrupt
             t0, cpu0 = time.perf_counter(), time.process_time()
             self.timer.reset_peak_memory()
@@ -552,9 +555,12 @@ class Trainer:
             loss = self._forward_backward_retrying(x, y, first_step=self.step == first_step)
             if marks is not None:
                 marks.append(self._mark())
-            if world > 1:  # the loss of the global batch, as one process would see it
-                torch.distributed.all_reduce(loss)
-                loss /= world
+            if world > 1:  # the loss of the global batch, as one process would see it, and whether any process
+                # heard Ctrl-C: then all of them stop after this step
+                both = torch.stack([loss.float(), torch.tensor(float(getattr(self, "interrupted", False)),
+                                                               device=loss.device)])
+                torch.distributed.all_reduce(both)
+                loss, self.stop_agreed = both[0] / world, bool(both[1] > 0)
             self._check_finite(loss, x, y)
             grad_norm, skipped = self._update()
             if marks is not None:
