@@ -257,3 +257,24 @@ def test_the_roofline_places_gemms_by_their_bytes(tmp_path, monkeypatch):
                        ceilings={"fp32": 10.0}, peak_gbps=100.0)
     assert points[0][0] == [2 * 1024 / 3 / 4, 2 * 1024 / 3 / 2]  # 2n^3 / (3 n^2 x element bytes)
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_unwritable_or_damaged_calibration_cache_is_one_line_or_replaced(tmp_path):
+    """A file where the cache folder goes, or a folder where the file goes, was exit 3 (NotADirectoryError);
+    a damaged file is replaced by the new calibration."""
+    from gpuwise.errors import GpuwiseError
+    from gpuwise.hardware.calibration import Calibration, load_calibrations, save_calibration
+
+    cal = Calibration(device="h100-sxm", tflops={"bf16": 700.0}, gbps=None)
+    (tmp_path / "cache").write_text("")
+    with pytest.raises(GpuwiseError, match=r"cannot store the calibration in .*cache/gpuwise/calibration.json: "
+                                           r"Not a directory") as caught:
+        save_calibration(cal, tmp_path / "cache" / "gpuwise")
+    assert "XDG_CACHE_HOME" in caught.value.hint
+    (tmp_path / "a" / "calibration.json").mkdir(parents=True)
+    with pytest.raises(GpuwiseError, match=r"cannot store the calibration in .*: cannot write .*: it is a folder"):
+        save_calibration(cal, tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "calibration.json").write_text("{damaged")
+    save_calibration(cal, tmp_path / "b")
+    assert set(load_calibrations(tmp_path / "b")) == {"h100-sxm"}

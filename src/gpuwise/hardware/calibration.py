@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpuwise.errors import GpuwiseError
 from gpuwise.files import atomic_path
 
 FILE_NAME = "calibration.json"
@@ -39,13 +40,19 @@ def cache_dir(environ: Mapping[str, str]) -> Path:
 
 
 def save_calibration(cal: Calibration, folder: Path) -> Path:
-    """Add (or replace) ``cal`` in the folder's calibration file, written atomically; its path."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Add (or replace) ``cal`` in the folder's calibration file, written atomically; its path. A cache that
+    cannot be written (a file where the folder goes, a full disk) is a one-line error naming it."""
     path = folder / FILE_NAME
-    existing = load_calibrations(folder)
-    existing[cal.device] = cal
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps({k: dataclasses.asdict(v) for k, v in existing.items()}, indent=2))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        existing = load_calibrations(folder)
+        existing[cal.device] = cal
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({k: dataclasses.asdict(v) for k, v in existing.items()}, indent=2))
+    except (OSError, GpuwiseError) as exc:
+        why = exc.message if isinstance(exc, GpuwiseError) else exc.strerror or str(exc)
+        raise GpuwiseError(f"cannot store the calibration in {path}: {why}",
+                           "set XDG_CACHE_HOME to a folder you can write to, or drop --calibrate") from exc
     return path
 
 
