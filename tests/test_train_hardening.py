@@ -374,3 +374,18 @@ def test_the_default_warm_up_is_long_enough_for_the_short_demo():
     # --steps 60 warmed up in 6 steps and its loss rose from 4.6 to 7.1 at step 10 (grad norm 27)
     assert [TrainConfig(steps=n).warmup for n in (1, 6, 60, 200, 500, 5000)] == [1, 3, 20, 20, 50, 100]
     assert TrainConfig(steps=60, warmup_steps=6).warmup == 6
+
+
+def test_a_dataset_smaller_than_the_batch_is_named():
+    # a one-item Dataset was read 8 times a step at --batch 8, silently
+    events = _trainer(data=Items(n=1), steps=1).fit().events  # batch 4
+    assert "the dataset holds 1 item, fewer than the batch of 4: each step reads every item about 4 times" in (
+        " ".join(events))
+    assert not any("fewer than the batch" in e for e in _trainer(data=Items(n=4), steps=1).fit().events)
+
+
+def test_the_readme_says_compile_is_not_bit_exact_on_resume():
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert "bit-exact resume holds in eager mode only" in readme

@@ -221,6 +221,9 @@ class Trainer:
                               world_size=self.ranks.world_size, synced=config.sync_batchnorm)
         if note:
             self._note(note)
+        note = _small_dataset_note(self.data, config.batch)
+        if note:
+            self._note(note)
         self.monitor = runtime.monitor
         self.comm = None  # times DDP's all-reduce for the monitor (exposed communication)
         if self.monitor is not None and isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
@@ -594,6 +597,21 @@ class Trainer:
                            logs=tuple(logs), skipped_steps=self.skipped_steps,
                            seconds=time.perf_counter() - start, resumed_from=resumed, micro_batch=self.micro_batch,
                            grad_accum=self.per_rank // self.micro_batch, events=tuple(self.events))
+
+
+def _small_dataset_note(data: Any, batch: int) -> str | None:
+    """Said when a Dataset holds fewer items than the batch: every step then reads its items more than once
+    (a one-item Dataset was read 8 times a step at --batch 8, silently)."""
+    from gpuwise.training.data import DatasetBatches
+
+    if not isinstance(data, DatasetBatches):
+        return None
+    n = len(data.dataset)
+    if n == 0 or n >= batch:
+        return None
+    items = "1 item" if n == 1 else f"{n} items"
+    return (f"the dataset holds {items}, fewer than the batch of {batch}: each step reads every item about "
+            f"{batch / n:.3g} times (lower --batch, or give more data)")
 
 
 def _non_finite(x: Any) -> str | None:
