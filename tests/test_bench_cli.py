@@ -278,3 +278,17 @@ def test_an_unwritable_or_damaged_calibration_cache_is_one_line_or_replaced(tmp_
     (tmp_path / "b" / "calibration.json").write_text("{damaged")
     save_calibration(cal, tmp_path / "b")
     assert set(load_calibrations(tmp_path / "b")) == {"h100-sxm"}
+
+
+def test_the_readme_and_help_give_the_same_bench_time(capsys, monkeypatch):
+    """README said "about 30 s", --help "about a minute": both now quote one measured range."""
+    import re
+    from pathlib import Path
+
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(capsys, "bench", "--help")
+    said = re.search(r"\((\d+-\d+ s) on a 2-core CPU", " ".join(out.split()))
+    assert code == 0 and said, out
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    quoted = re.findall(r"gpuwise bench --quick .*?(\d+-\d+ s|about [\w ]+)", readme)
+    assert quoted and set(quoted) == {said.group(1)}
