@@ -389,3 +389,15 @@ def test_the_readme_says_compile_is_not_bit_exact_on_resume():
 
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
     assert "bit-exact resume holds in eager mode only" in readme
+
+
+def test_sync_batchnorm_converts_in_place_on_gpus_and_is_refused_on_the_cpu():
+    from gpuwise.training.parallelize import apply_sync_batchnorm
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    params = list(model.parameters())
+    synced = apply_sync_batchnorm(model, torch.device("cuda"))  # swaps modules: no GPU touched
+    assert isinstance(synced[1], nn.SyncBatchNorm) and all(a is b for a, b in zip(params, synced.parameters(),
+                                                                                      strict=True))
+    with pytest.raises(GpuwiseError, match="--sync-batchnorm runs on GPUs only"):
+        apply_sync_batchnorm(model, torch.device("cpu"))
