@@ -10,6 +10,8 @@ is the 2-block one with one more block's samples inserted in each pass (forward,
 samples they share differ by what one extra block holds at that point. The L-block timeline
 repeats the inserted block L-2 times, each copy offset by what one block leaves behind, and
 scales the shared samples by L-2. With L=2 or 3 it gives back the captures themselves.
+A stack whose blocks differ (stack.py: dense then MoE, sliding and global attention) is captured
+the same way with a repeating unit of blocks in place of the block.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from itertools import groupby
 import numpy as np
 
 from gpuwise.planning.capture import Capture, weighed
+from gpuwise.planning.stack import Misaligned, Stack
 from gpuwise.planning.tracker import OpRows
 
-
-class Misaligned(Exception):
-    """Two captures did not run the same op sequence, so they cannot be combined."""
+__all__ = ["Misaligned", "Timeline", "batch_affine", "capture_at", "extrapolate_blocks"]
 
 
 @dataclass(frozen=True)
@@ -91,53 +92,79 @@ def capture_at(a: Capture, b: Capture, batch: int) -> Capture:
                    measured_peak_bytes=None, **weighed(rows, a.fb_ops, a.held, a.grad_accum))
 
 
-def _runs(labels) -> list[tuple[tuple[str, int | None], int, int]]:
-    """(label, start, stop) of each stretch of equal labels."""
+def _inserted(labels, first: int, period: int) -> np.ndarray:
+    """Which samples of the larger capture are the inserted unit's: those of blocks ``first`` to
+    ``first + period - 1``, and unlabelled samples between two of them in the same phase."""
+    blk = [b if b is not None and b >= 0 else None for _, b in labels]
+    unit = [b is not None and first <= b < first + period for b in blk]
+    out = np.array(unit, dtype=bool)
+    last = None  # the last labelled sample's index, within a phase
+    for i, (phase, _) in enumerate(labels):
+        if i and labels[i - 1][0] != phase:
+            last = None
+        if blk[i] is None:
+            continue
+        if last is not None and unit[last] and unit[i]:
+            out[last + 1:i] = True
+        last = i
+    return out
+
+
+def _stretches(mask: np.ndarray) -> list[tuple[bool, int, int]]:
+    """(value, start, stop) of each stretch of equal values."""
     out, i = [], 0
-    for label, grp in groupby(labels):
+    for value, grp in groupby(mask.tolist()):
         n = sum(1 for _ in grp)
-        out.append((label, i, i + n))
+        out.append((value, i, i + n))
         i += n
     return out
 
 
-def extrapolate_blocks(t2: Timeline, t3: Timeline, n_layer: int) -> Timeline:
-    """The timeline of ``n_layer`` blocks from those of 2 and 3 blocks (see the module docstring)."""
-    if n_layer < 2:
-        raise ValueError("extrapolate_blocks needs n_layer >= 2")
-    runs2, runs3 = _runs(t2.labels), _runs(t3.labels)
-    shared3 = [r for r in runs3 if r[0][1] != 1]
-    relabel = [((ph, 1 if blk == 2 else blk), s, e) for (ph, blk), s, e in shared3]
-    if [(lab, e - s) for lab, s, e in relabel] != [(lab, e - s) for lab, s, e in runs2]:
-        raise Misaligned("the 3-block capture is not the 2-block one plus a block")
-    pairs = {s3: (s2, e2) for (_, s3, _), (_, s2, e2) in zip(shared3, runs2, strict=True)}
-    k = n_layer - 2
+def extrapolate_blocks(t2: Timeline, t3: Timeline, n_layer: int | Stack) -> Timeline:
+    """The timeline of ``n_layer`` blocks from those of 2 and 3 blocks (see the module docstring), or of the
+    stack a Stack describes from its captures at ``Stack.captured`` blocks (stack.py)."""
+    stack = n_layer if isinstance(n_layer, Stack) else Stack.uniform(n_layer)
+    if stack.n_layer < stack.small:
+        raise ValueError(f"extrapolate_blocks needs n_layer >= {stack.small}")
+    first, period, k = stack.first, stack.period, stack.copies
+    ins = _inserted(t3.labels, first, period)
+
+    def shifted(label):  # t3's blocks after the inserted unit, numbered as in t2 (by = -period) or the full stack
+        phase, blk = label
+        return lambda by: (phase, blk + by if blk is not None and blk >= first + period else blk)
+
+    if [shifted(lab)(-period) for lab, i in zip(t3.labels, ins, strict=True) if not i] != list(t2.labels):
+        raise Misaligned(f"the {stack.small + period}-block capture is not the {stack.small}-block one plus "
+                         f"{period} block{'s' if period > 1 else ''}")
+    to2 = np.cumsum(~ins) - 1  # t3 sample -> t2 sample, for the shared ones
     labels: list[tuple[str, int | None]] = []
     parts: list[tuple[np.ndarray, np.ndarray]] = []
     eof = -1
-    for idx, ((phase, blk), s3, e3) in enumerate(runs3):
-        if blk != 1:
-            s2, e2 = pairs[s3]
+    runs = _stretches(ins)
+    for idx, (inserted, s3, e3) in enumerate(runs):
+        if not inserted:
+            s2, e2 = to2[s3], to2[e3 - 1] + 1
             grow = [x3[s3:e3] - x2[s2:e2] for x2, x3 in ((t2.base, t3.base), (t2.slope, t3.slope))]
             parts.append((t2.base[s2:e2] + k * grow[0], t2.slope[s2:e2] + k * grow[1]))
             if s3 <= t3.end_of_forward < e3:
                 eof = sum(len(p[0]) for p in parts[:-1]) + t3.end_of_forward - s3
-            labels += [(phase, n_layer - 1 if blk == 2 else blk)] * (e3 - s3)
+            labels += [shifted(lab)((k - 1) * period) for lab in t3.labels[s3:e3]]
             continue
-        if idx == 0 or idx == len(runs3) - 1:
+        if idx == 0 or idx == len(runs) - 1:
             raise Misaligned("an inserted block at the very start or end of the step")
-        before3, after3 = s3 - 1, e3  # the shared samples just before and after the inserted block
-        before2 = pairs[runs3[idx - 1][1]][1] - 1
-        after2 = pairs[runs3[idx + 1][1]][0]
+        before3, after3 = s3 - 1, e3  # the shared samples just before and after the inserted unit
+        before2, after2 = to2[before3], to2[after3]
         copies = []
         for x2, x3 in ((t2.base, t3.base), (t2.slope, t3.slope)):
-            extra = x3[before3] - x2[before2]  # one more block, not yet run
+            extra = x3[before3] - x2[before2]  # one more unit, not yet run
             step = (x3[after3] - x2[after2]) - extra  # what running it leaves behind
             copies.append(np.concatenate([x3[s3:e3] + (k - 1) * extra + r * step for r in range(k)])
                           if k else x3[s3:s3])
         parts.append((copies[0], copies[1]))
-        for r in range(k):  # forward runs blocks 1..L-2 here, backward runs them in reverse
-            labels += [(phase, n_layer - 2 - r if phase == "backward" else 1 + r)] * (e3 - s3)
+        for r in range(k):  # forward runs the copies in order, backward in reverse
+            unit = k - 1 - r if t3.labels[s3][0] == "backward" else r
+            labels += [(phase, None if blk is None or blk < 0 else blk + unit * period)
+                       for phase, blk in t3.labels[s3:e3]]
     base = np.concatenate([p[0] for p in parts])
     slope = np.concatenate([p[1] for p in parts])
     return Timeline(labels=tuple(labels), base=base, slope=slope, end_of_forward=eof)

@@ -28,6 +28,8 @@ from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning.setup import Setup
+from gpuwise.planning.stack import Misaligned, kinds_of, signatures
+from gpuwise.planning.transforms import find_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +94,8 @@ class ZooSource:
     @property
     def n_layer(self) -> int | None:
         return self.zoo.n_layer
+
+    layer_kinds = None  # the zoo's stacks are of identical blocks
 
     def check(self, setup: Setup) -> None:
         z = self.zoo
@@ -192,6 +196,7 @@ class FileSource:
         return f"{self.path.name}:{self.function}"
 
     n_layer = None
+    layer_kinds = None
 
     def check(self, setup: Setup) -> None:
         if setup.task == "decode":
@@ -296,10 +301,36 @@ class HFSource:
 
     @property
     def n_layer(self) -> int | None:
-        """Blocks to scale, unless they differ from each other (``layer_types``: sliding and full attention)."""
-        if "layer_types" in self.config or not isinstance(self.config.get("num_hidden_layers"), int):
-            return None
-        return self.config["num_hidden_layers"]
+        """The blocks of the stack (``num_hidden_layers``), where the model built on the meta device has that many in
+        its stack (else None: captured whole)."""
+        layers = self.config.get("num_hidden_layers")
+        sigs = self._signatures()
+        return layers if isinstance(layers, int) and sigs is not None and len(sigs) == layers else None
+
+    @property
+    def layer_kinds(self) -> tuple[int, ...] | None:
+        """Which blocks are alike (stack.py), read off the model built on the meta device: DeepSeek-V3's
+        (0, 0, 0, 1, 1, ...), 3 dense blocks and then MoE ones; None where its stack is not known."""
+        sigs = self._signatures() if self.n_layer is not None else None
+        return kinds_of(sigs) if sigs is not None else None
+
+    def _signatures(self) -> list[tuple] | None:
+        """The blocks' signatures (stack.signatures) of the model built on the meta device, once per config."""
+        key = json.dumps(self.config, sort_keys=True, default=str)
+        if key not in _SIGNATURES:
+            _SIGNATURES[key] = None
+            try:
+                import transformers
+            except ImportError:
+                return None
+            try:
+                with torch.device("meta"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    blocks = find_blocks(self._model(transformers, self._config_dict())[1])
+            except GpuwiseError:
+                return None  # the capture builds it again and says why
+            _SIGNATURES[key] = signatures(blocks) if blocks is not None else None
+        return _SIGNATURES[key]
 
     @property
     def decoder(self) -> Decoder | None:
@@ -338,6 +369,12 @@ class HFSource:
                           self.max_positions)
         if setup.image_size is not None:
             raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
+        kinds = self.layer_kinds if setup.pp > 1 else None
+        if kinds is not None and len(set(kinds)) > 1:  # a stage would need the blocks it holds, not the first ones
+            raise GpuwiseError(f"--pp {setup.pp}: {self.name}'s blocks are not all alike ({len(set(kinds))} kinds, "
+                               "e.g. dense and MoE, or sliding and global attention), and the planner splits only "
+                               "stacks of identical blocks into pipeline stages",
+                               "drop --pp (--tp or --sharding fsdp split the model too)")
         if setup.seq is not None and self.max_positions is not None and setup.seq > self.max_positions:
             raise GpuwiseError(f"--seq {setup.seq} is longer than the config's {self.max_positions} positions",
                                f"pass --seq {self.max_positions} or less")
@@ -368,16 +405,12 @@ class HFSource:
                 raise GpuwiseError(f"{self.path}: {key} {layers:,} is more blocks than any model has "
                                    f"(the most gpuwise plans is {_MAX_LAYERS:,})", f"check {key} in config.json")
 
-    def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
-        try:
-            import transformers
-        except ImportError:
-            raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
-        self._check_config(transformers)
-        cfg_dict = {k: v for k, v in self.config.items() if k not in ("torch_dtype", "dtype")}  # the setup decides
-        if n_layer is not None:
-            cfg_dict["num_hidden_layers"] = n_layer
-        # The class the config names (BertForSequenceClassification, LlamaForCausalLM, ...), else a causal LM.
+    def _config_dict(self) -> dict:
+        return {k: v for k, v in self.config.items() if k not in ("torch_dtype", "dtype")}  # the setup decides
+
+    def _model(self, transformers: ModuleType, cfg_dict: dict) -> tuple[Any, nn.Module]:
+        """The config and the model transformers builds from ``cfg_dict``: the class the config names
+        (BertForSequenceClassification, LlamaForCausalLM, ...), else a causal LM."""
         arch = next(iter(cfg_dict.get("architectures") or []), None)
         cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
         # SDPA unless the config asks otherwise ("eager" keeps the s x s attention matrix, as it does on GPUs);
@@ -388,13 +421,30 @@ class HFSource:
                 config = transformers.AutoConfig.for_model(**cfg_dict)
                 if attn is not None:
                     config._attn_implementation = attn
-                model = cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
-                break
+                return config, cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
             except Exception as exc:
                 error = exc
+        raise GpuwiseError(f"transformers could not build {self.path}: {first_line(error)}",
+                           "check model_type and the fields of config.json") from error
+
+    def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
+        try:
+            import transformers
+        except ImportError:
+            raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
+        self._check_config(transformers)
+        cfg_dict = self._config_dict()
+        if n_layer is not None:  # the stack's first n_layer blocks (stack.py), checked against the real stack's
+            cfg_dict = _first_blocks(cfg_dict, n_layer)
+            try:
+                config, model = self._model(transformers, cfg_dict)
+            except GpuwiseError as exc:
+                raise Misaligned(f"the first {n_layer} blocks do not build: {exc.message}") from exc
+            blocks = find_blocks(model)
+            if blocks is None or signatures(blocks) != (self._signatures() or [])[:n_layer]:
+                raise Misaligned(f"a config of {n_layer} blocks does not build the stack's first {n_layer}")
         else:
-            raise GpuwiseError(f"transformers could not build {self.path}: {first_line(error)}",
-                               "check model_type and the fields of config.json") from error
+            config, model = self._model(transformers, cfg_dict)
         seq = self.tokens(setup)
         decode = setup.task == "decode"
         vocab = int(getattr(config, "vocab_size", 32000))
@@ -450,6 +500,20 @@ class HFSource:
 
 
 _CACHE_RUNS: dict[tuple[str, str], bool] = {}
+_SIGNATURES: dict[str, list[tuple] | None] = {}
+
+
+def _first_blocks(cfg: dict, n_layer: int) -> dict:
+    """``cfg`` for the stack's first ``n_layer`` blocks: ``num_hidden_layers``, and every list with one entry a block
+    (``layer_types``, ``no_rope_layers``...) or pattern string with one letter a block (Nemotron-H's
+    ``hybrid_override_pattern``) cut to as many. Whether that built the first blocks, the build checks."""
+    full = cfg["num_hidden_layers"]
+    out = dict(cfg, num_hidden_layers=n_layer)
+    for key, value in cfg.items():
+        per_block = isinstance(value, list) or (isinstance(value, str) and key.endswith("pattern"))
+        if per_block and len(value) == full:
+            out[key] = value[:n_layer]
+    return out
 
 
 def _cache_runs(model: nn.Module, key: tuple[str, str]) -> bool:

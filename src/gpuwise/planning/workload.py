@@ -12,6 +12,7 @@ from gpuwise.planning import parallel
 from gpuwise.planning.capture import Capture, capture
 from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
 from gpuwise.planning.setup import Setup
+from gpuwise.planning.stack import Stack, plan_stack
 from gpuwise.planning.tracker import OpCosts
 from gpuwise.planning.transforms import UnevenTargets
 
@@ -33,11 +34,11 @@ class Workload:
     timeline: Timeline = field(repr=False)  # exact at setup.micro_batch
     batch_model: Timeline | None = field(repr=False)  # affine in the batch, valid from setup.micro_batch (+1 at worst)
     uncosted: dict[str, int]
-    captured_blocks: tuple[int, ...] | None  # (2, 3) when a stack of blocks was captured small and scaled
+    captured_blocks: tuple[int, ...] | None  # (2, 3) when a stack of blocks was captured small and scaled (stack.py)
     # The captures behind it, per block count (2 and 3, or the whole model): at the micro-batch, then those the
     # batch model came from (b+1, or b+1 and b+2). ``at`` predicts the step at other micro-batches from them.
     captures: tuple[tuple[Capture, ...], ...] = field(default=(), repr=False, compare=False)
-    n_layer: int | None = None  # the blocks the 2- and 3-block captures were scaled to
+    stack: Stack | None = None  # the stack the small captures were scaled to
     paged_bytes: int = 0  # optimizer state in paged memory (counted in the timeline's optimizer column too)
     embeddings: tuple[tuple[int, int], ...] = ()  # (rows, bytes a row) of the untied embeddings (Capture.embeddings)
 
@@ -64,7 +65,7 @@ class Workload:
                         return None
                     group = (capture_at(a, b, micro_batch), capture_at(a, b, micro_batch + 1))
                 groups.append(tuple((c.first_pass() if held == 1 else c).reweighed(grad_accum) for c in group))
-            return _assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.n_layer)
+            return _assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.stack)
         except Misaligned:
             return None
 
@@ -113,7 +114,8 @@ def _timelines(group: tuple[Capture, ...]) -> tuple[Capture, Timeline, Timeline 
 
 
 def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
-    """Capture ``setup`` on fake tensors; a deep stack of identical blocks is captured with 2 and 3 blocks and scaled.
+    """Capture ``setup`` on fake tensors; a deep stack of blocks is captured with 2 and 3 blocks (or 2 and 3 repeating
+    units after its first blocks: stack.py) and scaled.
 
     ``batch_model=False`` skips the second capture that makes the memory affine in the batch (no max batch then).
     A setup the model cannot take (LoRA on blocks without linear layers, checkpointing without blocks) is the
@@ -134,20 +136,22 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     if n_layer is not None and setup.pp > 1:
         n_layer = whole = parallel.stage_layers(n_layer, setup)
     tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum // setup.cp  # one GPU's: s / cp under --cp
-    if n_layer is not None and n_layer > 3:
+    # which blocks are alike (a source that does not say, and a pipeline stage, has them all alike)
+    stack = plan_stack(getattr(source, "layer_kinds", None) if whole is None else None, n_layer)
+    if stack is not None:
         try:
-            groups = [_captures(source, setup, n, batch_model) for n in (2, 3)]
-            return _assemble(source.name, setup, tokens, groups, n_layer)
+            groups = [_captures(source, setup, n, batch_model) for n in stack.captured]
+            return _assemble(source.name, setup, tokens, groups, stack)
         except (Misaligned, UnevenTargets):
-            pass  # not a clean stack of identical blocks (or LoRA targets only some): capture the whole model
+            pass  # not a clean stack of repeated blocks (or LoRA targets only some): capture the whole model
     return _assemble(source.name, setup, tokens, [_captures(source, setup, whole, batch_model)], None)
 
 
-def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, ...]], n_layer: int | None
+def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, ...]], stack: Stack | None
               ) -> Workload:
-    """The workload from its captures: one group for the whole model, or two (2 and 3 blocks) scaled to
-    ``n_layer`` blocks. Misaligned if the 3-block capture is not the 2-block one plus a block."""
-    if n_layer is None:
+    """The workload from its captures: one group for the whole model, or two (``stack.captured`` blocks) scaled to
+    the stack. Misaligned if the larger capture is not the smaller one plus a unit of blocks."""
+    if stack is None:
         c, timeline, model = _timelines(groups[0])
         return Workload(
             model=name, setup=setup, params=c.params, trainable_params=c.trainable_params,
@@ -157,11 +161,11 @@ def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, 
             captures=tuple(groups), paged_bytes=c.paged_bytes, embeddings=c.embeddings,
         )
     (c2, t2, m2), (c3, t3, m3) = (_timelines(g) for g in groups)
-    timeline = extrapolate_blocks(t2, t3, n_layer)
+    timeline = extrapolate_blocks(t2, t3, stack)
     model = None
     if m2 is not None:
-        model = timeline if m2 is t2 and m3 is t3 else extrapolate_blocks(m2, m3, n_layer)
-    k = n_layer - 2
+        model = timeline if m2 is t2 and m3 is t3 else extrapolate_blocks(m2, m3, stack)
+    k = stack.copies
 
     def lin(x2: int, x3: int) -> int:
         return x2 + k * (x3 - x2)
@@ -176,6 +180,6 @@ def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, 
         timeline=timeline, batch_model=model,
         uncosted={op: lin(c2.uncosted.get(op, 0), c3.uncosted.get(op, 0))
                   for op in {**c2.uncosted, **c3.uncosted}},
-        captured_blocks=(2, 3), captures=tuple(groups), n_layer=n_layer,
+        captured_blocks=stack.captured, captures=tuple(groups), stack=stack,
         paged_bytes=lin(c2.paged_bytes, c3.paged_bytes), embeddings=c3.embeddings,
     )

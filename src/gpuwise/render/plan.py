@@ -65,7 +65,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                                           f"stay alive through every forward and backward, and the peak is "
                                           f"{human_bytes(accum)}", style="yellow"))
     if plan.captured_blocks:
-        head.add_row("captured", "2 and 3 blocks on fake tensors, scaled to the full stack")
+        small, large = plan.captured_blocks
+        head.add_row("captured", f"{small} and {large} blocks on fake tensors, scaled to the full stack")
     if plan.uncosted:
         head.add_row("uncosted ops", Text(", ".join(f"{op} x{n}" for op, n in sorted(plan.uncosted.items()))
                                           + " (no FLOP formula: not counted)", style="yellow"))
