@@ -1,20 +1,26 @@
-"""--hf-config models whose blocks differ (planning/stack.py): a scaled plan equals the whole model's capture, its
-parameter count the real model's on the meta device."""
+"""--hf-config models whose blocks differ (planning/stack.py), and what transformers' configs and models do under
+fake tensors: a scaled plan equals the whole model's capture, its parameter count the real model's on the meta
+device; a traced step takes the attention path the real one takes; configs with infinities load; a model that
+cannot be built on fake tensors says why."""
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from conftest import run_cli
-from gpuwise.planning import Setup
+from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.capture import capture
 from gpuwise.planning.source import HFSource
 from gpuwise.planning.workload import simulate
+from gpuwise.render.plan import plan_json
 
 DATA = Path(__file__).parent / "data"
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -91,3 +97,97 @@ def test_pipeline_stages_of_a_mixed_stack_are_refused(tmp_path, capsys):
     code, _, err = run_cli(capsys, "plan", "--hf-config", str(tmp_path / "config.json"), "--gpus", "2", "--pp", "2",
                            "--seq", "32", "--precision", "bf16")
     assert code == 2 and err.startswith("error: --pp 2: ") and "not all alike" in err and err.count("\n") == 1
+
+
+def test_traced_step_takes_the_real_steps_attention_path(tmp_path, monkeypatch):
+    """The SDPA calls of a Llama step on fake tensors are those of the same step on real ones: no mask, is_causal
+    (before source._real_masks, fake position ids looked packed and a (B, 1, T, T) mask went to every layer: 2 GiB
+    of bf16 a layer for Llama-3.1-8B at 8,192 tokens)."""
+    pytest.importorskip("transformers")
+    from transformers.integrations import sdpa_attention
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((attn_mask is None, is_causal, q.shape[-2]))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(sdpa_attention.torch.nn.functional, "scaled_dot_product_attention", spy)
+    src = _source(tmp_path, {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **SMALL,
+                             "num_key_value_heads": 2, "num_hidden_layers": 2})
+    setup = Setup(micro_batch=2, seq=64, precision="fp32")
+    seen = {}
+    for fake in (True, False):
+        calls.clear()
+        capture(src, setup, batch=2, fake=fake)
+        seen[fake] = list(calls)
+    assert seen[True] == seen[False] == [(True, True, 64)] * 2
+
+
+def test_config_with_infinities_plans_and_its_json_is_valid(tmp_path, capsys):
+    """Mamba-2's config as transformers saves it: time_step_limit (0.0, inf) written as {"__float__": "Infinity"}
+    (and bare Infinity, as Python's json writes it). Before, the tag reached the config class, which refused it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Mamba2Config(hidden_size=32, num_hidden_layers=2, vocab_size=100, num_heads=4, head_dim=16,
+                                       state_size=8, n_groups=1, expand=2, chunk_size=16)
+    config.architectures = ["Mamba2ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    assert '"__float__": "Infinity"' in (tmp_path / "config.json").read_text()
+    assert HFSource.from_path(tmp_path).config["time_step_limit"] == [0.0, math.inf]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({**HFSource.from_path(tmp_path).config}))
+    assert "Infinity" in bare.read_text() and HFSource.from_path(bare).config["time_step_limit"][1] == math.inf
+
+    def no_constants(name):
+        raise ValueError(f"{name} is not JSON")
+
+    code, out, err = run_cli(capsys, "plan", "--hf-config", str(tmp_path), "--task", "infer", "--seq", "16", "--json")
+    assert code == 0, err
+    assert json.loads(out, parse_constant=no_constants)["params"] > 0
+
+
+def test_plan_json_has_no_infinities():
+    """A non-finite figure (a step time from a calibration of 0 GB/s, say) is null in --json, never Infinity."""
+    plan = plan_model("gpt2", Setup(task="infer", seq=16), gpu="h100")
+    data = plan_json(replace(plan, gpus=(replace(plan.gpus[0], step_time_s=math.inf),)))
+    assert json.loads(json.dumps(data, allow_nan=False))["gpus"][0]["step_time_s"] is None
+
+
+def test_models_that_read_values_while_built_say_so(tmp_path, capsys):
+    """ConvNeXt's constructor reads drop-path rates off torch.linspace (.item()), which fake tensors cannot: the
+    error names that, not config.json. ModernBERT's initialiser (torch 2.13's trunc_normal_) reads values too: it
+    is built without initialising, and plans with the real model's parameters."""
+    transformers = pytest.importorskip("transformers")
+    convnext = tmp_path / "convnext.json"
+    convnext.write_text(json.dumps({"model_type": "convnext", "architectures": ["ConvNextForImageClassification"],
+                                    "hidden_sizes": [8, 16], "depths": [1, 1], "num_stages": 2,
+                                    "drop_path_rate": 0.1}))
+    code, _, err = run_cli(capsys, "plan", "--hf-config", str(convnext), "--task", "infer")
+    assert code == 2 and err.count("\n") == 1
+    assert "reads a tensor's value while it is built" in err and "check model_type" not in err
+
+    cfg = {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"], "hidden_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 51000}
+    w = simulate(_source(tmp_path, cfg), Setup(task="infer", seq=16), batch_model=False)
+    assert w.params == _meta_params(transformers, cfg)
+
+
+def test_model_that_moves_itself_while_built_says_so(tmp_path, capsys, monkeypatch):
+    """A model whose constructor calls .to(): fake parameters cannot be swapped, and the error says so."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    class MovingModel(transformers.LlamaForCausalLM):
+        def __init__(self, config):
+            super().__init__(config)
+            self.extra = nn.Linear(4, 4).to(torch.float64)
+
+    monkeypatch.setattr(transformers, "MovingModel", MovingModel, raising=False)
+    assert "llama" in CONFIG_MAPPING_NAMES
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "architectures": ["MovingModel"], **SMALL,
+                                "num_hidden_layers": 2}))
+    code, _, err = run_cli(capsys, "plan", "--hf-config", str(path), "--task", "infer", "--seq", "16")
+    assert code == 2 and err.count("\n") == 1
+    assert "moves or converts a module with .to() while it is built" in err and "check model_type" not in err

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.compat import tree_leaves
+from gpuwise.compat import DataDependentOutputException, tree_leaves
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
@@ -286,7 +286,7 @@ class HFSource:
         if path.is_dir():
             path = path / "config.json"
         try:
-            config = json.loads(path.read_text())
+            config = _read_config(path)
         except FileNotFoundError:
             raise GpuwiseError(f"no such file: {path}", "pass --hf-config path/to/config.json") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -421,9 +421,20 @@ class HFSource:
                 config = transformers.AutoConfig.for_model(**cfg_dict)
                 if attn is not None:
                     config._attn_implementation = attn
-                return config, cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
+                return config, _construct(transformers, cls, config)
             except Exception as exc:
                 error = exc
+        name = arch if isinstance(arch, str) else cfg_dict["model_type"]
+        if isinstance(error, DataDependentOutputException):
+            raise GpuwiseError(f"transformers' {name} reads a tensor's value while it is built ({error.func}: .item() "
+                               "or .tolist(), say drop-path rates from torch.linspace), and the plan's fake tensors "
+                               "have none", "not a config.json problem: this architecture cannot be planned on fake "
+                               "tensors yet (GPUWISE_DEBUG=1 shows where it reads)") from error
+        if "Couldn't swap" in str(error) or "not linked with support for cuda" in str(error).lower():
+            raise GpuwiseError(f"transformers' {name} moves or converts a module with .to() while it is built "
+                               f"({first_line(error)}), which the plan's fake tensors cannot do",
+                               "not a config.json problem: this architecture cannot be planned on fake tensors yet "
+                               "(GPUWISE_DEBUG=1 shows where)") from error
         raise GpuwiseError(f"transformers could not build {self.path}: {first_line(error)}",
                            "check model_type and the fields of config.json") from error
 
@@ -501,6 +512,38 @@ class HFSource:
 
 _CACHE_RUNS: dict[tuple[str, str], bool] = {}
 _SIGNATURES: dict[str, list[tuple] | None] = {}
+
+
+def _read_config(path: Path) -> Any:
+    """config.json as transformers reads it (``PretrainedConfig._dict_from_json_file``): JSON with bare ``Infinity``
+    and ``NaN``, and the ``{"__float__": "Infinity"}`` tags transformers writes for them (Mamba-2's
+    ``time_step_limit``). Without transformers, plain JSON: nothing is built then, and the build says why."""
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:
+        return json.loads(path.read_text(encoding="utf-8"))
+    return PretrainedConfig._dict_from_json_file(path)
+
+
+def _construct(transformers: ModuleType, cls: type | None, config: Any) -> nn.Module:
+    """The model of ``config``. Where its weight initialisation reads tensor values, which fake tensors do not have
+    (torch 2.13's ``trunc_normal_``, ModernBERT's and ViT's initialiser), it is built again without initialising:
+    the plan needs the weights' shapes, not their values. Tied weights are still tied (``tie_weights`` is apart)."""
+    def build() -> nn.Module:
+        return cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
+
+    base = getattr(transformers, "PreTrainedModel", None)
+    try:
+        return build()
+    except DataDependentOutputException:
+        if not hasattr(base, "initialize_weights"):  # transformers 5 (4.x initialises inside init_weights)
+            raise
+    original = base.initialize_weights
+    base.initialize_weights = lambda self: None
+    try:
+        return build()
+    finally:
+        base.initialize_weights = original
 
 
 def _first_blocks(cfg: dict, n_layer: int) -> dict:

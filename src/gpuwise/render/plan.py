@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -29,7 +30,18 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
         remedy["fits"] = raw.fits
     for fit in data["gpus"]:
         fit["fits"] = fit["status"] != "no"
-    return data
+    return _finite(data)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no Infinity or NaN (json.dumps writes them, and strict readers refuse them): such a figure is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 _FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
