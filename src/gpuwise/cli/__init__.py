@@ -54,6 +54,12 @@ def _quiet_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _one_line(text: str) -> str:
+    """An error is one line: a newline (or another control character) in a value the user typed is shown escaped,
+    as Python writes it ("a\\nb"), not printed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: 0 ok, 1 a check failed, 2 a usage error, 3 a bug (the traceback too
     with GPUWISE_DEBUG=1), 130 interrupted, 141 (128 + SIGPIPE, as the shell reports cat's) when the reader of a pipe
@@ -67,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     except GpuwiseError as exc:
         if debug:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except _usage_error_types() as exc:
         if debug:
             traceback.print_exc()
-        message = exc.format_message().replace("\n", " ")  # type: ignore[attr-defined]
+        message = _one_line(exc.format_message().replace("\n", " "))  # type: ignore[attr-defined]
         print(f"error: {message} (hint: run '{_command_name(argv)} --help')", file=sys.stderr)
         return 2
     except (typer.Abort, KeyboardInterrupt):
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             traceback.print_exc()
-        print(f"error: internal error: {first_line(exc)} "
+        print(f"error: internal error: {_one_line(first_line(exc))} "
               "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
         return 3
     return result if isinstance(result, int) else 0

@@ -9,6 +9,7 @@ Importing this module does not import torch (the CLI reads its defaults for ``--
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -91,8 +92,8 @@ class TrainConfig:
                                "pick a batch that the micro-batch divides")
         if not 0 <= self.seed < SEED_LIMIT:  # the batches' generators take seed x 1_000_003 + step: 64 bits
             raise GpuwiseError(f"--seed {self.seed} is outside 0..{SEED_LIMIT - 1}", "pass e.g. --seed 1337")
-        if not self.lr > 0:
-            raise GpuwiseError(f"--lr {self.lr} must be positive", "pass e.g. --lr 3e-4")
+        if not 0 < self.lr < math.inf:  # nan fails both; inf would run to a nan loss at step 2
+            raise GpuwiseError(f"--lr {self.lr} must be a positive number", "pass e.g. --lr 3e-4")
 
     @property
     def warmup(self) -> int:
@@ -182,6 +183,8 @@ class TrainOptions:
             raise plan_only(f"{flag} (LoRA fine-tuning) is planned by gpuwise plan, not run by gpuwise train",
                             f"drop {flag.split()[0]}")
         _positive("gpus", self.gpus, 1 << 16)
+        _positive("seq", self.seq, 1 << 24)  # not "seq or TEXT_SEQ": --seq 0 is a mistake, not the default
+        _positive("image_size", self.image_size, 1 << 14)
         if self.workers is not None and self.workers < 0:
             raise GpuwiseError(f"--workers {self.workers} is negative",
                                "pass 0 (load in the training process) or a number of worker processes")
