@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Annotated
@@ -41,8 +42,16 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
-def _list(text: str | None) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip()) if text else ()
+def _list(text: str | None, flag: str, what: str, example: str) -> tuple[str, ...]:
+    """ "h100, a100" -> ("h100", "a100"); None -> () (any). A list that names nothing (--segment '', --gpu ',') is a
+    slip, not "any": refused."""
+    if text is None:
+        return ()
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise GpuwiseError(f"{flag} {text!r} names no {what}", f"pass e.g. {flag} {example}, or drop {flag} for "
+                           f"every {what}")
+    return items
 
 
 @app.command()
@@ -119,9 +128,9 @@ def recommend(
     check_png(plot)
     if batch is not None and batch < 1:  # not "batch or 64": --batch 0 meant the default
         raise GpuwiseError(f"--batch {batch} is not a batch", "pass a whole number from 1, or drop --batch [64]")
-    if gpu is not None and not _list(gpu):
-        raise GpuwiseError(f"--gpu {gpu!r} names no GPU", "pass catalog keys, e.g. --gpu h100,a100 (gpuwise gpus lists "
-                           "them), or drop --gpu for every catalog GPU")
+    gpus = _list(gpu, "--gpu", "GPU", "h100,a100 (gpuwise gpus lists the catalog keys)")
+    segments = _list(segment, "--segment", "segment", "consumer,workstation")
+    vendors = _list(vendor, "--vendor", "vendor", "NVIDIA,AMD")
     layout = [f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("nodes", nodes), ("offload", offload))
               if v not in (None, 1, "none")]
     if layout:  # recommend enumerates data-parallel GPU counts (ddp or fsdp) for one layout: the plain one
@@ -133,23 +142,26 @@ def recommend(
                            "for gpuwise plan", "pass --serve (the context is --prompt-tokens + --output-tokens), or "
                            "run gpuwise plan --task decode --context N")
     serving = serve or task == "infer"
-    sort = sort or ("cost" if serving else "time")
+    sort = sort if sort is not None else "cost" if serving else "time"  # --sort '' is a slip, not the default
     if sort not in ("time", "cost", "energy"):
         raise GpuwiseError(f"--sort {sort!r} is not one of time, cost, energy", "pass --sort cost")
     if (epochs is None) != (dataset_size is None):
         raise GpuwiseError("--epochs and --dataset-size go together", "pass both, e.g. --epochs 3 "
                            "--dataset-size 50000")
-    if epochs is not None:
+    if epochs is not None and dataset_size is not None:
+        if not (math.isfinite(epochs) and epochs > 0):
+            raise GpuwiseError(f"--epochs {epochs:g} is not a positive number", "pass e.g. --epochs 3")
+        if dataset_size < 1:
+            raise GpuwiseError(f"--dataset-size {dataset_size} is not a number of samples",
+                               "pass e.g. --dataset-size 50000")
         if samples is not None or tokens is not None:
             raise GpuwiseError("--epochs sets the goal, and so do --tokens and --samples", "give one goal")
         samples = epochs * dataset_size
+    # Without torch: every argument is checked before the engine (and torch) loads.
     from gpuwise.hardware.calibration import cache_dir, load_calibrations
     from gpuwise.hardware.catalog import load_catalog
     from gpuwise.planning import Setup
     from gpuwise.planning.recommend import Constraints, Goal, Traffic, read_prices
-    from gpuwise.planning.recommend import recommend as rank
-    from gpuwise.planning.recommend import serve as rank_serving
-    from gpuwise.planning.source import resolve_source
 
     catalog = load_catalog()
     if model is None and hf_config is None:  # no workload: the guide, computed
@@ -164,7 +176,7 @@ def recommend(
     constraints = Constraints(
         mode="buy" if buy else "rent", budget_usd=budget,
         deadline_s=None if deadline is None else parse_duration(deadline), max_gpus=max_gpus,
-        gpus=tuple(catalog.get(g).key for g in _list(gpu)), segments=_list(segment), vendors=_list(vendor),
+        gpus=tuple(catalog.get(g).key for g in gpus), segments=segments, vendors=vendors,
         ecosystem=ecosystem, rent=rent, buy=bought)
     goal = Goal(tokens=tokens, samples=samples)
     if serving and loss is not None:
@@ -183,6 +195,9 @@ def recommend(
         traffic = Traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
                           tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
                           tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or "bf16")
+        from gpuwise.planning.recommend import serve as rank_serving
+        from gpuwise.planning.source import resolve_source
+
         result = rank_serving(resolve_source(model, hf_config), traffic, constraints, batch=batch or 1,
                               precision=precision, image_size=image_size, sort=sort, goal=goal,  # type: ignore[arg-type]
                               catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
@@ -208,6 +223,9 @@ def recommend(
     given = Setup.recipe_defaults(given)  # QLoRA as PEFT runs it: checkpointing on unless given
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
                             **{k: v for k, v in given.items() if v is not None and k != "sharding"})
+    from gpuwise.planning.recommend import recommend as rank
+    from gpuwise.planning.source import resolve_source
+
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
                   sharding=sharding, checkpointing_given=given["checkpointing"] is not None, sort=sort,  # type: ignore[arg-type]
                   catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))

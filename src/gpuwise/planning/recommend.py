@@ -19,20 +19,21 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS, Accelerator, Catalog, load_catalog
-from gpuwise.planning.costmodel import step_time
-from gpuwise.planning.fit import OVERHEAD_BYTES, fit_on, max_micro_batch
-from gpuwise.planning.plan import Planner
-from gpuwise.planning.setup import MAX_ACCUM, Setup
-from gpuwise.planning.sharding import PerGpu, per_gpu
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.setup import MAX_ACCUM, Setup, Weights
 from gpuwise.precision import PRECISIONS, default_precision, same_bytes
 
+if TYPE_CHECKING:  # the engine loads torch: imported where it runs, so the arguments are checked without it
+    from gpuwise.planning.plan import Planner
+    from gpuwise.planning.sharding import PerGpu
+
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# serving.WEIGHT_BYTES' keys, named without importing it (it loads torch): plan's formats, fp32 and llama.cpp's Q4_K_M
+SERVED_WEIGHTS = ("fp32", *get_args(Weights), "q4_k_m")
 Mode = Literal["rent", "buy"]
 SortKey = Literal["time", "cost", "energy"]
 
@@ -75,8 +76,6 @@ class Traffic:
     weights: str = "bf16"  # weight-only format: fp32, fp16, bf16, fp8, int8, int4, nf4
 
     def __post_init__(self) -> None:
-        from gpuwise.planning.serving import WEIGHT_BYTES
-
         for name, value, limit in (("--prompt-tokens", self.prompt_tokens, 1 << 24),
                                    ("--output-tokens", self.output_tokens, 1 << 24),
                                    ("--concurrency", self.concurrency, 1 << 24)):
@@ -86,8 +85,8 @@ class Traffic:
                                    ("--tpot-ms", self.tpot_s, 1e3)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise GpuwiseError(f"{name} {value * scale:g} is not a positive number", f"pass e.g. {name} 50")
-        if self.weights not in WEIGHT_BYTES:
-            raise GpuwiseError(f"--weights {self.weights!r} is not one of {', '.join(WEIGHT_BYTES)}",
+        if self.weights not in SERVED_WEIGHTS:
+            raise GpuwiseError(f"--weights {self.weights!r} is not one of {', '.join(SERVED_WEIGHTS)}",
                                "pass --weights int4 (GPTQ/AWQ) or --weights bf16")
 
     @property
@@ -196,6 +195,8 @@ class Recommendation:
 def _states_bytes(step: PerGpu) -> float:
     """The most the weights, gradients and optimizer states hold at once: what no checkpointing can free (paged
     optimizer state aside: it can spill to the host)."""
+    from gpuwise.planning.tracker import CATEGORIES
+
     cols = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
     return float(step.live[:, cols].sum(axis=1).max()) - step.paged_bytes
 
@@ -243,6 +244,9 @@ class _Search:
         """The first setup of ``n`` x ``acc`` that fits, in the remedies' order (DDP, then with checkpointing,
         then FSDP, then FSDP with checkpointing), at the largest micro-batch that fits and divides the per-GPU
         batch; with its PerGpu and StepTime. Or (None, why not)."""
+        from gpuwise.planning.costmodel import step_time
+        from gpuwise.planning.fit import OVERHEAD_BYTES, fit_on, max_micro_batch
+
         per_gpu = self.setup.batch // n
         reason = "does not fit even with checkpointing, micro-batch 1 and FSDP"
         hopeless: set[str] = set()  # shardings whose weights, gradients and optimizer states alone do not fit
@@ -284,6 +288,8 @@ class _Search:
         """The step at ``micro`` x ``accum`` from the captures of ``probe`` with two micro-batches held, without
         capturing it (``Workload.at``: equal to a capture where the step is affine in the batch); None where
         those captures cannot tell."""
+        from gpuwise.planning.sharding import per_gpu
+
         run = replace(probe, micro_batch=micro, grad_accum=accum)
         if run not in self._steps:
             held = 1 if probe.optimizer_in_backward else 2  # a step in backward cannot accumulate
@@ -370,6 +376,8 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     """Rank every catalog accelerator and count for training ``source`` as ``setup`` says (its global batch and
     sequence kept) until ``goal``. ``precision`` None: each GPU's default (bf16 autocast where it has bf16);
     ``sharding`` None: DDP if it fits, else FSDP (plan's remedies' order)."""
+    from gpuwise.planning.plan import Planner
+
     c = constraints or Constraints()
     catalog = catalog or load_catalog()
     if not setup.training:
@@ -552,6 +560,8 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     cache that fits, replicas for the users); any other model by its captured inference step at ``batch``
     (int8 end to end with ``--weights int8``, and on chips that only have an int8 rate). ``goal`` in tokens (or
     samples) to produce prices the whole job."""
+    from gpuwise.planning.plan import Planner
+
     c = constraints or Constraints()
     catalog = catalog or load_catalog()
     goal = goal or Goal()
@@ -717,6 +727,8 @@ def _infer_precision(acc: Accelerator) -> str:
 def _serve_step(acc: Accelerator, planner: Planner, setup: Setup, traffic: Traffic, c: Constraints, goal: Goal,
                 calibration: Calibration | None) -> tuple[Option | None, str]:
     """A non-decoder model served one batch at a time on one GPU per replica: the captured inference step."""
+    from gpuwise.planning.costmodel import step_time
+
     int8 = traffic.weights == "int8"
     sixteen = acc.peak_tflops.get("bf16") or acc.peak_tflops.get("fp16")
     if not int8 and not sixteen:
