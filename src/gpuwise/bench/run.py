@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuwise.bench import results as store
-from gpuwise.bench.suite import DTYPES, OPS, BenchResult, compare, run_suite
+from gpuwise.bench import DTYPES, OPS
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.device import resolve_device
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the suite and its results load torch: imported where they run, after the options are checked
+    from gpuwise.bench.suite import BenchResult
     from gpuwise.hardware.calibration import Calibration
     from gpuwise.hardware.catalog import Accelerator
     from gpuwise.hardware.detect import LocalMachine
@@ -106,6 +106,9 @@ class BenchReport:
 
 def compare_runs(a_path: str | os.PathLike, b_path: str | os.PathLike) -> BenchComparison:
     """Two files from ``gpuwise bench --save`` (this version's or an earlier one's), compared case by case."""
+    from gpuwise.bench import results as store
+    from gpuwise.bench.suite import compare
+
     (_, a), (_, b) = store.load(a_path), store.load(b_path)
     return BenchComparison(names=(str(a_path), str(b_path)), pairs=tuple(compare(a, b)))
 
@@ -126,10 +129,13 @@ def run_bench(options: BenchOptions, machine: LocalMachine, *, calibration_dir: 
     """
     if not options.runs:
         raise ValueError("two --compare files run nothing: compare them with compare_runs")
-    baseline = store.load(options.compare[0])[1] if options.compare else None
     for path in (options.save, options.plot):  # fail before a run of minutes, not after it
         if path is not None:
             _check_writable(path)
+    from gpuwise.bench import results as store
+    from gpuwise.bench.suite import compare, run_suite
+
+    baseline = store.load(options.compare[0])[1] if options.compare else None
     target = resolve_device(options.device, machine)  # checked before anything runs
     import torch
 

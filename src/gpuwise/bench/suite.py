@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpuwise.bench import OPS
 from gpuwise.bench.measure import Measurement, measure
 from gpuwise.compat import scaled_mm
 from gpuwise.errors import GpuwiseError, first_line
@@ -26,9 +27,7 @@ from gpuwise.hardware.catalog import Accelerator
 from gpuwise.hardware.device import Device, device_for
 from gpuwise.precision import ELEMENT_TYPES, PRECISIONS, Precision, default_precision, tf32_matmuls
 
-OPS = ("gemm", "copy", "h2d", "attention", "conv2d", "block", "train-step")  # block: GPT-2 block, fwd + bwd
 MEMORY_OPS = ("copy", "h2d")  # rated in GB/s (the others in TFLOPS)
-DTYPES = tuple(ELEMENT_TYPES)  # GEMM element types: fp32, tf32, fp16, bf16, fp8
 MIN_ROTATE_BYTES = 64 * 2**20
 CPU_BASELINE_MAX_S = 10.0  # a CPU baseline expected to take longer (all its runs) is skipped
 MIN_REPEAT_S = 1e-3  # a timed repeat runs the op enough times to last this long: sync and launch costs vanish

@@ -40,10 +40,10 @@ def bench(
     Examples: gpuwise bench --quick; gpuwise bench --ops gemm --dtype bf16,fp8 --plot roofline.png;
     gpuwise bench --save h200.json; gpuwise bench --compare h200.json --compare a100.json
     """
-    from gpuwise import render
-    from gpuwise.bench.run import BenchOptions, compare_runs, run_bench
-
     check_png(plot)
+    from gpuwise import render
+    from gpuwise.bench.run import BenchOptions, compare_runs, run_bench  # without torch: the options first
+
     options = BenchOptions(quick=quick, ops=_items(ops), dtypes=_items(dtype), device=device, save=save, plot=plot,
                            compare=tuple(compare or ()), calibrate=calibrate)
     if not options.runs:

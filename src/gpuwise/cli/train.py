@@ -126,12 +126,6 @@ def train(
             raise plan_only(f"{flag} {value} is planned by gpuwise plan; gpuwise train runs data parallelism only",
                             f"drop {flag}, or see the plan: gpuwise plan {flag} {value}")
 
-    from gpuwise import render
-    from gpuwise.files import LogFile
-    from gpuwise.training.distributed import Ranks
-    from gpuwise.training.run import resume_options, run_training
-    from gpuwise.training.trainer import Interrupted
-
     given = {"steps": steps, "batch": batch, "micro_batch": micro_batch, "lr": lr, "precision": precision,
              "seed": seed, "checkpoint_every": checkpoint_every, "eval_every": eval_every, "log_every": log_every,
              "sharding": sharding, "compile": compile_model or None, "checkpointing": checkpointing,
@@ -144,6 +138,17 @@ def train(
                            lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets,
                            lora_dropout=lora_dropout, qlora_recipe=qlora_recipe, config=config, monitor=monitor,
                            **{k: v for k, v in chosen.items() if v is not None})
+    if fix_input and not monitor:
+        from gpuwise.errors import GpuwiseError
+
+        raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
+    # The arguments are checked: now torch loads.
+    from gpuwise import render
+    from gpuwise.files import LogFile
+    from gpuwise.training.distributed import Ranks
+    from gpuwise.training.run import resume_options, run_training
+    from gpuwise.training.trainer import Interrupted
+
     typed = {k for k, v in {**given, "example": example, "model": model, "data": data, "seq": seq,
                             "image_size": image_size, "workers": workers}.items() if v is not None}
     options, notes = resume_options(options, typed)
@@ -166,10 +171,6 @@ def train(
         if not json_out:
             progress.note(text)
 
-    if fix_input and not monitor:
-        from gpuwise.errors import GpuwiseError
-
-        raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
     for text in notes if Ranks.from_environ(os.environ).main else ():
         on_event(text)
     try:
