@@ -95,6 +95,40 @@ def test_a_bad_flag_is_refused_before_torch_loads(argv):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ")
 
 
+# One bad value per check of every command that loads torch for its work: each is refused before torch loads (one
+# process for all: each argv is run in turn and sys.modules looked at after it).
+_NO_TORCH_EACH = textwrap.dedent("""
+    import json, sys
+    from gpuwise.cli import main
+    for argv in json.loads(sys.argv[1]):
+        code = main(argv)
+        if code != 2 or "torch" in sys.modules:
+            sys.exit(f"{argv}: exit {code}, torch loaded: {'torch' in sys.modules}")
+""")
+_REFUSED_WITHOUT_TORCH = [
+    ["recommend", "--batch", "0"], ["recommend", "--model", "gpt2", "--precision", "fp9"],
+    ["recommend", "--model", "gpt2", "--deadline", "xx"], ["recommend", "--model", "gpt2", "--tokens", "nan"],
+    ["recommend", "--model", "gpt2", "--segment", "moon"], ["recommend", "--model", "gpt2", "--gpu", "h1000"],
+    ["recommend", "--model", "gpt2", "--serve", "--weights", "q5"], ["recommend", "--model", "gpt2", "--sort", ""],
+    ["recommend", "--model", "gpt2", "--prices", "/nonexistent/prices.csv"],
+    ["recommend", "--model", "gpt2", "--checkpointing", "some"], ["recommend", "--model", "gpt2", "--max-gpus", "0"],
+    ["train", "--batch", "0"], ["train", "--steps", "-1"], ["train", "--precision", "fp9"], ["train", "--lr", "inf"],
+    ["train", "--example", "foo"], ["train", "--seq", "0"], ["train", "--tp", "2"], ["train", "--optimizer", "sgd"],
+    ["train", "--batch", "10", "--micro-batch", "3"], ["train", "--fix-input", "--no-monitor"],
+    ["bench", "--ops", "foo"], ["bench", "--dtype", "fp9"], ["bench", "--plot", "a.jpg"],
+    ["bench", "--calibrate", "--ops", "attention"], ["bench", "--compare", "a", "--compare", "b", "--quick"],
+    ["watch", "--interval", "0"], ["watch", "--pid", "-1"], ["gpus", "nosuch"], ["doctor", "--foo"],
+]
+
+
+def test_every_command_refuses_bad_values_before_torch_loads():
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH_EACH, json.dumps(_REFUSED_WITHOUT_TORCH)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr.splitlines()[-1:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == len(_REFUSED_WITHOUT_TORCH) and all(line.startswith("error: ") for line in lines), lines
+
+
 def test_a_closed_pipe_exits_quietly_with_141():
     code = "import sys; from gpuwise.cli import main; sys.exit(main(sys.argv[1:]))"
     for argv in (["gpus"], ["gpus", "--json"]):
@@ -160,3 +194,30 @@ def test_hf_config_typos_are_one_line(capsys, tmp_path):
         code, _, err = _run(capsys, "plan", "--hf-config", str(path), "--gpu", "h100", "--seq", "8")
         assert code == 2 and expect in err and len(err) < 600, err
         assert err.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "--model", "gpt2", "--plot", "a\nb"], "--plot a\\nb"),  # a newline in a value: shown escaped, one line
+    (["plan", "--model", "gpt2", "--precision", "bf16\x1b[31m"], "'bf16\\x1b[31m'"),
+    (["train", "--lr", "inf"], "--lr inf"),  # ran to a nan loss at step 2
+    (["train", "--seq", "0"], "--seq 0"),  # trained at the default 128
+    (["train", "--example", "image", "--image-size", "0"], "--image-size 0"),
+    (["recommend", "--model", "gpt2", "--segment", ""], "names no segment"),  # ranked every segment
+    (["recommend", "--model", "gpt2", "--vendor", ",,"], "names no vendor"),
+    (["recommend", "--model", "gpt2", "--sort", ""], "--sort ''"),  # sorted by time
+    (["recommend", "--model", "gpt2", "--epochs", "-1", "--dataset-size", "-5"], "--epochs -1"),  # 5 samples
+    (["recommend", "--model", "gpt2", "--epochs", "3", "--dataset-size", "0"], "--dataset-size 0"),  # said --samples
+])
+def test_the_fuzz_findings_are_refused_in_one_line(capsys, argv, words):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+
+
+def test_the_torch_free_names_match_the_tables_they_stand_for():
+    """recommend --weights and bench --ops/--dtype are checked against names written without torch: the same set."""
+    from gpuwise.bench import DTYPES
+    from gpuwise.planning.recommend import SERVED_WEIGHTS
+    from gpuwise.planning.serving import WEIGHT_BYTES
+    from gpuwise.precision import ELEMENT_TYPES
+
+    assert set(SERVED_WEIGHTS) == set(WEIGHT_BYTES) and set(DTYPES) == set(ELEMENT_TYPES)
