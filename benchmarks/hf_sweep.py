@@ -444,8 +444,13 @@ def _machine() -> str:
                                 cwd=Path(__file__).parent, check=False).stdout.strip()
     except OSError:
         commit = "?"
+    import gpuwise
+
+    where = Path(gpuwise.__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parents[1] / "src"
+    source = f"gpuwise at {commit or '?'}" if where == here else f"gpuwise from {where} (not this checkout's src)"
     return (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
-            f"{torch.__version__}, transformers {transformers.__version__}, gpuwise at {commit or '?'}")
+            f"{torch.__version__}, transformers {transformers.__version__}, {source}")
 
 
 def main(argv: list[str] | None = None) -> int:
