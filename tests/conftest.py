@@ -74,10 +74,23 @@ def run_cli(capsys, *args):
     return code, out, err
 
 
+@pytest.fixture(scope="session")
+def _session_captures(tmp_path_factory):
+    return tmp_path_factory.mktemp("captures")
+
+
 @pytest.fixture(autouse=True)
-def _own_cache_folder(tmp_path_factory, monkeypatch):
-    """No test reads or writes the user's ~/.cache/gpuwise (calibrations from gpuwise bench)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+def _own_cache_folder(request, tmp_path_factory, monkeypatch, _session_captures):
+    """No test reads or writes the user's ~/.cache/gpuwise (calibrations from gpuwise bench). Captures are kept
+    for the whole session, as a user's are kept between runs: the key is every byte of gpuwise's source, torch's
+    version, the model and the setup, and test_capture_cache checks a kept capture equals a fresh one; tests of
+    the cache itself (marker own_captures) start with an empty one. The suite plans the same models again and
+    again: kept captures save it minutes."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    if request.node.get_closest_marker("own_captures") is None:
+        (cache / "gpuwise").mkdir()
+        (cache / "gpuwise" / "captures").symlink_to(_session_captures, target_is_directory=True)
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from gpuwise.planning import workload as workload_module
 from gpuwise.planning.source import resolve_source
 from gpuwise.planning.workload import simulate
 
+pytestmark = pytest.mark.own_captures  # these count the captures that really run
+
 SETUP = Setup(micro_batch=2, seq=64)
 
 
