@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 from gpuwise.hardware.catalog import Accelerator
@@ -23,7 +24,10 @@ def _short(value: float | None) -> str:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Dataclasses (and lists of them) as plain JSON-ready values."""
+    """Dataclasses (and lists of them) as plain JSON-ready values. JSON has no Infinity or NaN (json.dumps writes
+    them, and strict readers refuse them): such a figure is null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if isinstance(obj, Accelerator):
         return obj.to_dict()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
