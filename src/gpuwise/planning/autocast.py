@@ -18,6 +18,14 @@ autograd and their outputs are what backward saves.
 
 Op lists: PyTorch docs, "Automatic Mixed Precision package - torch.amp", sections "CUDA Ops that can
 autocast to float16" and "CUDA Ops that can autocast to float32" (unchanged from 2.5 to 2.14).
+
+Grouped matmul (Mixture-of-Experts experts, ``torch._grouped_mm``): not on either list, CUDA autocast leaves its
+operands as they are (no AutocastCUDA kernel, pytorch/pytorch#174763), and transformers casts the tokens to the
+experts' weight dtype before it (integrations/moe.py ``_grouped_mm``). Under mixed precision the weights are fp32,
+so the experts run in fp32: CUDA takes bf16 operands through its CUTLASS kernel and any other float dtype through
+a loop of mm per group (aten/src/ATen/native/cuda/GroupedBlas.cpp ``_grouped_mm_fallback``), its output in the
+operands' dtype. The fake-tensor rule knows the bf16 kernel only and refuses fp32 ("Expected inputs of BF16
+type"): ``grouped_mm`` runs it as CUDA does.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpuwise.compat import tree_map
+from gpuwise.compat import FakeTensor, tree_map
 
 LOWER_PRECISION = frozenset({
     "__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul",
@@ -42,6 +50,23 @@ FLOAT32 = frozenset({
     "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "sum", "renorm", "tan",
     "triplet_margin_loss",
 })
+
+
+def grouped_mm(func, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``aten._grouped_mm`` on fake tensors as CUDA runs it: any float dtype, the output in ``out_dtype`` or else
+    the first operand's (the fallback's ``_resolve_grouped_mm_out_dtype``). Shapes come from the fake rule, run on
+    bf16 copies; called from a dispatch mode's handler, so the copies are not seen by the tracker."""
+    a, b = args[0], args[1]
+    bf16 = torch.bfloat16
+    out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None)
+    if (a.dtype == b.dtype == bf16 and out_dtype in (None, bf16)) or not isinstance(a, FakeTensor):
+        return func(*args, **kwargs)
+
+    def to_bf16(x):
+        return x.to(bf16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    shaped = func(*map(to_bf16, args[:4]), **{k: to_bf16(v) for k, v in kwargs.items() if k != "out_dtype"})
+    return torch.empty_strided(shaped.shape, shaped.stride(), dtype=out_dtype or a.dtype, device=shaped.device)
 
 
 class CudaEmulation(TorchFunctionMode):

@@ -32,6 +32,7 @@ from torch.utils.flop_counter import flop_registry
 
 from gpuwise.compat import TorchDispatchMode, tree_leaves
 from gpuwise.errors import GpuwiseError
+from gpuwise.planning.autocast import grouped_mm
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "inputs", "kv_cache")
 # A storage carries one category for its whole life; a stronger tag wins (an fp32 parameter saved for
@@ -63,6 +64,9 @@ _NO_FLOPS = frozenset({
     "sym_stride", "sym_numel", "sym_storage_offset", "var_mean", "std_mean", "argmax", "argmin", "all",
     "_pin_memory", "item", "nonzero", "repeat", "tril", "triu", "expand_copy", "diagonal_backward",
     "unfold_backward", "_foreach_copy_", "_assert_async", "_functional_sym_constrain_range",
+    # Mixture-of-Experts routing and dispatch: counting, sorting and moving tokens, no multiply-adds
+    "floor_divide", "histc", "bincount", "index_put", "index_add", "index_add_", "scatter_reduce", "searchsorted",
+    "repeat_interleave", "_safe_softmax",
 })
 
 
@@ -188,6 +192,16 @@ def _sdpa_forward_flops(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
     return flops // 2 if causal and s_q == k.shape[-2] else flops
 
 
+def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> int:
+    """``torch._grouped_mm``: one GEMM per group (expert), 2 FLOPs a multiply-add. Forward and the input's gradient
+    take (tokens, k) x (experts, k, n) with the tokens split among the experts by the offsets: 2 x tokens x k x n
+    whatever the split (every routed token is in a group: transformers' sentinel rows arise only under expert
+    parallelism). The weights' gradient takes (k, tokens) x (tokens, n), the tokens split: 2 x k x tokens x n."""
+    if a.dim() == 2 and b.dim() == 2:  # (m, tokens) x (tokens, n) -> (groups, m, n)
+        return 2 * out.shape[-2] * out.shape[-1] * a.shape[-1]
+    return 2 * out.numel() * a.shape[-1]  # (tokens, k) x (g, k, n); (g, m, k) x (k, n); (g, m, k) x (g, k, n)
+
+
 def op_flops(func, args, kwargs, out) -> int | None:
     """FLOPs of one aten op as the GPU runs it; 0 for memory-bound ops, None for ops we do not know."""
     packet = func._overloadpacket
@@ -204,6 +218,8 @@ def op_flops(func, args, kwargs, out) -> int | None:
             return int(_sdpa_forward_flops(args[0], args[1], False) * args[4])
         if packet.__name__ == "attention_cost_backward":  # 7 tile matmuls to the forward's 2: without atomics
             return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 7 / 2)  # QK^T and dP run twice
+    if packet is aten._grouped_mm:
+        return _grouped_mm_flops(args[0], args[1], out)
     if packet in (aten.addmm, aten.baddbmm) and len(args) > 3:  # the out_dtype overloads: (self, a, b, out_dtype)
         args = args[:3]
     if packet in flop_registry:
@@ -346,11 +362,12 @@ class Tracker(TorchDispatchMode):
     # --- dispatch -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        run = grouped_mm if func._overloadpacket is aten._grouped_mm else func  # in fp32 too, as CUDA (autocast.py)
         if self.paused:
-            return func(*args, **kwargs)
+            return run(func, args, kwargs) if run is not func else func(*args, **kwargs)
         if func._overloadpacket in _FLOAT_ONLY:
             _check_float(func, args)
-        out = func(*args, **kwargs)
+        out = run(func, args, kwargs) if run is not func else func(*args, **kwargs)
         if func._overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu:
             out = (_cuda_attention_layout(out[0]), *out[1:])
         name = func._overloadpacket.__name__
