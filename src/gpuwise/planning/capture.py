@@ -38,6 +38,7 @@ from gpuwise.planning.compiled import apply_compile
 from gpuwise.planning.float8 import apply_float8
 from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.quantize import quantize_weights
+from gpuwise.planning.routing import ASSUMPTION, BalancedRouting, DynamicOutputShapeException
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
 from gpuwise.planning.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
@@ -78,6 +79,7 @@ class Capture:
     # (rows, bytes a row) of each nn.Embedding not tied to a linear layer (a tied one is read whole, as the head):
     # a decode step reads one row a sequence of it, not the table (serving.DecodeRead)
     embeddings: tuple[tuple[int, int], ...] = ()
+    routing: str | None = None  # the stand-in for an MoE router's data-dependent choice, where one was needed
 
     def reweighed(self, grad_accum: int) -> Capture:
         """The same recording weighed for ``grad_accum`` micro-batches a step (holding as many as this one)."""
@@ -212,8 +214,20 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
     """Simulate ``setup`` at micro-batch ``batch`` (with ``n_layer`` blocks if given) and record one step.
 
     ``fake=False`` runs the same step for real on ``device`` (tests on the CPU; a GPU check on "cuda",
-    which also reads ``torch.cuda.max_memory_allocated()``).
+    which also reads ``torch.cuda.max_memory_allocated()``). A Mixture-of-Experts model that reads its router's
+    choice (a fake tensor's value) is recorded again under the balanced routing stand-in (planning/routing.py).
     """
+    try:
+        return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake, routing=None)
+    except GpuwiseError as exc:
+        if not fake or not isinstance(exc.__cause__, (DataDependentOutputException, DynamicOutputShapeException)):
+            raise
+    return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake, routing=BalancedRouting())
+
+
+def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: str, fake: bool,
+            routing: BalancedRouting | None) -> Capture:
+    """``capture``, with ``routing`` (if given) under the recorded step."""
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with mode, _quiet_fake_tensor_log(), warnings.catch_warnings():
         # deepcopy of a fake parameter (nn.TransformerEncoder clones its layer) warns about data pointers
@@ -341,7 +355,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         if device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        with tracker:
+        with routing or contextlib.nullcontext(), tracker:
             if setup.training:
                 backward(forward())
                 end_of_forward = tracker.marks["end_of_forward"]  # of the first micro-batch
@@ -369,5 +383,5 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             grad_accum=setup.grad_accum, held=micro, rows=rows, fb_ops=fb_ops, fb_samples=fb_samples,
             first_ops=first_ops, first_samples=first_samples, uncosted_first=uncosted_first,
             uncosted_optimizer=dict(Counter(tracker.uncosted) - uncosted_fb), storages=storages,
-            paged_bytes=paged_bytes, embeddings=embeddings,
+            paged_bytes=paged_bytes, embeddings=embeddings, routing=ASSUMPTION if routing and routing.used else None,
         )

@@ -98,7 +98,13 @@ def _captures(source, setup: Setup, n_layer: int | None, batch_model: bool) -> t
         batch_affine(c, c1)
         return c, c1
     except Misaligned:
-        return c, c1, _capture(source, setup, batch=b + 2, n_layer=n_layer)
+        pass
+    c2 = _capture(source, setup, batch=b + 2, n_layer=n_layer)
+    try:
+        batch_affine(c1, c2)
+        return c, c1, c2
+    except Misaligned:  # the ops keep changing with the batch (an MoE hitting more of its experts): no batch model
+        return (c,)
 
 
 def _timelines(group: tuple[Capture, ...]) -> tuple[Capture, Timeline, Timeline | None]:
