@@ -21,7 +21,7 @@ from gpuwise.planning.remedies import Remedy, remedies
 from gpuwise.planning.serving import DecodeRead
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.sharding import PerGpu, capture_setup, per_gpu
-from gpuwise.planning.source import resolve_source
+from gpuwise.planning.source import Experts, resolve_source
 from gpuwise.planning.tracker import CATEGORIES
 from gpuwise.planning.workload import Workload, simulate_if_applicable
 
@@ -62,6 +62,8 @@ class MemoryPlan:
     timeline: np.ndarray = field(repr=False, compare=False)  # (samples, categories) bytes at this batch
     timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
     decode: DecodeRead | None = None  # --task decode: what one step reads (each GPU's token floor is in gpus)
+    experts: Experts | None = None  # a Mixture-of-Experts model's routed experts: total and active parameters
+    routing: str | None = None  # how the routed tokens were split among the experts (planning/routing.py)
 
 
 class Planner:
@@ -155,6 +157,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     except NotApplicable as exc:  # the user asked for it: LoRA on a model without linear layers in its blocks
         raise GpuwiseError(*exc.args) from exc
     w, tl, live = step.workload, step.timeline, step.live
+    experts = getattr(source, "experts", None)
     i = int(live.sum(axis=1).argmax())
     phase, block = tl.labels[i]
     calibrations = calibrations or {}
@@ -176,7 +179,18 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
         decode=DecodeRead.of(step) if setup.task == "decode" else None,
+        experts=experts, routing=_routing(w, experts),
     )
+
+
+def _routing(w, experts: Experts | None) -> str | None:
+    """The routing assumption the plan rests on: the balanced stand-in where the model read the router's choice,
+    else none is needed (grouped and batched expert matmuls cost the same for any split of the routed tokens)."""
+    stand_in = next((c.routing for group in w.captures for c in group if c.routing), None)
+    if stand_in or experts is None:
+        return stand_in
+    return (f"any split: each token's top-{experts.top_k} of {experts.experts} experts run as one grouped matmul, "
+            "whose memory and FLOPs do not depend on which experts")
 
 
 def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,

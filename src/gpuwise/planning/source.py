@@ -43,6 +43,52 @@ class Decoder:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Experts:
+    """A Mixture-of-Experts model's routed experts, read off the model built on the meta device.
+
+    Active parameters, as Mixtral's model card counts its 12.9 B of 46.7 B: every parameter one token's forward
+    touches, embeddings and LM head included (attention, norms, routers, shared experts, and ``top_k`` of the
+    ``experts`` routed ones), i.e. all but ``(experts - top_k) / experts`` of the routed experts' weights."""
+
+    experts: int  # routed experts per MoE layer
+    top_k: int  # routed experts per token
+    params: int  # all routed experts' parameters, every layer
+    total: int  # the whole model's parameters
+
+    @property
+    def active(self) -> int:
+        return self.total - self.params * (self.experts - self.top_k) // self.experts
+
+
+# config.json keys of the routed experts (transformers' names, and the attribute maps' originals)
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_top_k", "num_selected_experts", "experts_per_token", "top_k")
+
+
+def experts_of(config: Any, model: nn.Module) -> Experts | None:
+    """The routed experts of ``model`` (parameters under a module named ``experts`` or of an ``...Experts`` class,
+    such as JetMoE's ``JetMoeParallelExperts``; ``shared_experts`` are always active) and their count and top-k from
+    ``config`` (or its ``ffn_config``, DBRX's); None for a dense model."""
+    routed = [name for name, m in model.named_modules()
+              if name.rsplit(".", 1)[-1] == "experts" or type(m).__name__.endswith("Experts")]
+    params = sum(p.numel() for name, p in model.named_parameters()
+                 if any(name.startswith(prefix + ".") for prefix in routed))
+    if not params:
+        return None
+    found = {}
+    for part in (config, getattr(config, "ffn_config", None)):
+        for kind, keys in (("experts", _EXPERT_KEYS), ("top_k", _TOP_K_KEYS)):
+            for key in keys:
+                value = part.get(key) if isinstance(part, dict) else getattr(part, key, None)
+                if kind not in found and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    found[kind] = value
+    if len(found) < 2 or found["top_k"] > found["experts"]:
+        return None
+    return Experts(experts=found["experts"], top_k=found["top_k"], params=params,
+                   total=sum(p.numel() for p in model.parameters()))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Built:
     model: nn.Module
     inputs: tuple[torch.Tensor, ...]
@@ -314,8 +360,15 @@ class HFSource:
         sigs = self._signatures() if self.n_layer is not None else None
         return kinds_of(sigs) if sigs is not None else None
 
+    @property
+    def experts(self) -> Experts | None:
+        """The routed experts of a Mixture-of-Experts model (total and active parameters); None for a dense one."""
+        self._signatures()
+        return _EXPERTS.get(json.dumps(self.config, sort_keys=True, default=str))
+
     def _signatures(self) -> list[tuple] | None:
-        """The blocks' signatures (stack.signatures) of the model built on the meta device, once per config."""
+        """The blocks' signatures (stack.signatures) of the model built on the meta device, once per config (and its
+        experts, ``experts``)."""
         key = json.dumps(self.config, sort_keys=True, default=str)
         if key not in _SIGNATURES:
             _SIGNATURES[key] = None
@@ -326,9 +379,11 @@ class HFSource:
             try:
                 with torch.device("meta"), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    blocks = find_blocks(self._model(transformers, self._config_dict())[1])
+                    config, model = self._model(transformers, self._config_dict())
             except GpuwiseError:
                 return None  # the capture builds it again and says why
+            _EXPERTS[key] = experts_of(config, model)
+            blocks = find_blocks(model)
             _SIGNATURES[key] = signatures(blocks) if blocks is not None else None
         return _SIGNATURES[key]
 
@@ -512,6 +567,7 @@ class HFSource:
 
 _CACHE_RUNS: dict[tuple[str, str], bool] = {}
 _SIGNATURES: dict[str, list[tuple] | None] = {}
+_EXPERTS: dict[str, Experts | None] = {}
 
 
 def _read_config(path: Path) -> Any:

@@ -30,6 +30,8 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
         remedy["fits"] = raw.fits
     for fit in data["gpus"]:
         fit["fits"] = fit["status"] != "no"
+    if plan.experts is not None:
+        data["experts"]["active"] = plan.experts.active
     return _finite(data)
 
 
@@ -59,6 +61,13 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     trainable = f" ({_count(plan.trainable_params)} trainable)" if s.training and plan.trainable_params != plan.params \
         else ""
     head.add_row("parameters", f"{_count(plan.params)}{trainable}")
+    if plan.experts is not None:
+        e = plan.experts
+        head.add_row("experts", f"{_count(e.active)} active per token of {_count(e.total)} (top-{e.top_k} of "
+                     f"{e.experts} routed experts, {_count(e.params)} of expert weights; embeddings, attention and "
+                     "shared experts counted, as model cards do)")
+    if plan.routing is not None:
+        head.add_row("routing", plan.routing)
     per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
     head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
