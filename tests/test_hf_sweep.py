@@ -37,12 +37,11 @@ PLANS = [
     ("masked-lm", "roberta", 169_256),
     ("seq-cls", "distilbert", 151_618),
     ("seq-cls", "bert", 168_258),
+    ("causal-lm", "mixtral", 350_016),
+    ("causal-lm", "qwen3_moe", 350_080),
 ]
-_MOE = "the CUDA autocast emulation does not cover torch._grouped_mm (Expected inputs of BF16 type)"
 _VISION = "the constructor reads a tensor's value (aten._local_scalar_dense under fake tensors)"
 FAIL_TODAY = [
-    pytest.param("causal-lm", "mixtral", 350_016, marks=pytest.mark.xfail(strict=True, reason=_MOE)),
-    pytest.param("causal-lm", "qwen3_moe", 350_080, marks=pytest.mark.xfail(strict=True, reason=_MOE)),
     pytest.param("image-cls", "vit", 116_802, marks=pytest.mark.xfail(strict=True, reason=_VISION)),
     pytest.param("image-cls", "convnext", 84_766, marks=pytest.mark.xfail(strict=True, reason=_VISION)),
 ]
