@@ -129,6 +129,16 @@ def test_every_command_refuses_bad_values_before_torch_loads():
     assert len(lines) == len(_REFUSED_WITHOUT_TORCH) and all(line.startswith("error: ") for line in lines), lines
 
 
+def test_the_model_list_needs_no_torch():
+    done = subprocess.run([sys.executable, "-c", _NO_TORCH, "plan", "--list-models", "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr)  # 10: listed, but after importing torch
+    listed = json.loads(done.stdout)
+    from gpuwise.models import MODELS
+
+    assert [m["name"] for m in listed] == list(MODELS) and listed[0]["params"] == MODELS["gpt2"].published_params
+
+
 def test_a_closed_pipe_exits_quietly_with_141():
     code = "import sys; from gpuwise.cli import main; sys.exit(main(sys.argv[1:]))"
     for argv in (["gpus"], ["gpus", "--json"]):

@@ -8,21 +8,24 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass, replace
-from typing import Any, Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuwise.errors import GpuwiseError
-from gpuwise.models.bert import Bert, BertConfig
-from gpuwise.models.gpt import GPT, GPTConfig
-from gpuwise.models.llama import Llama, LlamaConfig
-from gpuwise.models.mlp import MLP, MLPConfig
-from gpuwise.models.mobilenet import MobileNetConfig, MobileNetV2
-from gpuwise.models.resnet import ResNet, ResNetConfig
-from gpuwise.models.vit import ViT, ViTConfig
+from gpuwise.models.configs import (
+    BertConfig,
+    GPTConfig,
+    LlamaConfig,
+    MLPConfig,
+    MobileNetConfig,
+    ResNetConfig,
+    ViTConfig,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 InputKind = Literal["tokens", "image", "features"]
 
@@ -34,7 +37,7 @@ class ZooModel:
     name: str
     family: str  # "decoder" models take a KV cache when planned for inference
     config: Any
-    build: Callable[[Any], nn.Module]
+    module: str  # "gpt:GPT": the nn.Module class in gpuwise.models.gpt that builds it (imported on first use)
     inputs: InputKind
     default_seq: int | None = None  # tokens, for "tokens" models
     max_seq: int | None = None  # learned positions cap the sequence
@@ -47,6 +50,10 @@ class ZooModel:
         """Identical blocks, when the model is a stack of them (the planner captures two and three, then scales)."""
         return getattr(self.config, "n_layer", None)
 
+    def build(self, config: Any) -> nn.Module:
+        file, cls = self.module.split(":")
+        return getattr(importlib.import_module(f"gpuwise.models.{file}"), cls)(config)
+
     def instantiate(self, n_layer: int | None = None) -> nn.Module:
         cfg = self.config if n_layer is None else replace(self.config, n_layer=n_layer)
         return self.build(cfg)
@@ -55,6 +62,8 @@ class ZooModel:
         self, batch: int, *, seq: int | None, image_size: int | None, dtype: torch.dtype
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Random inputs and targets of the right shapes (inside a fake mode they cost nothing)."""
+        import torch
+
         cfg = self.config
         if self.inputs == "tokens":
             t = seq or self.default_seq
@@ -70,7 +79,7 @@ class ZooModel:
 
 def _gpt2(name: str, n_layer: int, n_head: int, n_embd: int, params: int) -> ZooModel:
     return ZooModel(
-        name=name, family="decoder", config=GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd), build=GPT,
+        name=name, family="decoder", config=GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd), module="gpt:GPT",
         inputs="tokens", default_seq=1024, max_seq=1024, published_params=params,
         source="Radford et al. 2019, GPT-2 model card; counts as karpathy/nanoGPT prints them (tied head)",
     )
@@ -78,7 +87,7 @@ def _gpt2(name: str, n_layer: int, n_head: int, n_embd: int, params: int) -> Zoo
 
 def _llama(name: str, cfg: LlamaConfig, seq: int, params: int, source: str) -> ZooModel:
     return ZooModel(
-        name=name, family="decoder", config=cfg, build=Llama, inputs="tokens", default_seq=seq,
+        name=name, family="decoder", config=cfg, module="llama:Llama", inputs="tokens", default_seq=seq,
         published_params=params, source=source,
     )
 
@@ -104,25 +113,27 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
     _llama("llama2-70b", LlamaConfig(n_layer=80, n_head=64, n_kv_head=8, dim=8192, ffn_dim=28672, vocab_size=32000),
            4096, 68_976_648_192, _L2),
     ZooModel(name="bert-base", family="encoder",
-             config=BertConfig(n_layer=12, n_head=12, hidden=768, intermediate=3072), build=Bert,
+             config=BertConfig(n_layer=12, n_head=12, hidden=768, intermediate=3072), module="bert:Bert",
              inputs="tokens", default_seq=512, max_seq=512, published_params=109_482_240 + 768 * 2 + 2,
              source="Devlin et al. 2019; bert-base-uncased BertModel 109,482,240 + a 2-class head (1,538)"),
     ZooModel(name="bert-large", family="encoder",
-             config=BertConfig(n_layer=24, n_head=16, hidden=1024, intermediate=4096), build=Bert, inputs="tokens",
+             config=BertConfig(n_layer=24, n_head=16, hidden=1024, intermediate=4096), module="bert:Bert",
+             inputs="tokens",
              default_seq=512, max_seq=512, published_params=335_141_888 + 1024 * 2 + 2,
              source="Devlin et al. 2019; bert-large-uncased BertModel 335,141,888 + a 2-class head (2,050)"),
     ZooModel(name="vit-b16", family="vision", config=ViTConfig(n_layer=12, n_head=12, dim=768, mlp_dim=3072),
-             build=ViT, inputs="image", default_image_size=224, published_params=86_567_656,
+             module="vit:ViT", inputs="image", default_image_size=224, published_params=86_567_656,
              source="Dosovitskiy et al. 2021; timm vit_base_patch16_224"),
     ZooModel(name="vit-l16", family="vision", config=ViTConfig(n_layer=24, n_head=16, dim=1024, mlp_dim=4096),
-             build=ViT, inputs="image", default_image_size=224, published_params=304_326_632,
+             module="vit:ViT", inputs="image", default_image_size=224, published_params=304_326_632,
              source="Dosovitskiy et al. 2021; timm vit_large_patch16_224"),
-    ZooModel(name="resnet50", family="vision", config=ResNetConfig(), build=ResNet, inputs="image",
+    ZooModel(name="resnet50", family="vision", config=ResNetConfig(), module="resnet:ResNet", inputs="image",
              default_image_size=224, published_params=25_557_032, source="He et al. 2016; torchvision resnet50"),
-    ZooModel(name="mobilenet-v2", family="vision", config=MobileNetConfig(), build=MobileNetV2, inputs="image",
+    ZooModel(name="mobilenet-v2", family="vision", config=MobileNetConfig(), module="mobilenet:MobileNetV2",
+             inputs="image",
              default_image_size=224, published_params=3_504_872,
              source="Sandler et al. 2018; torchvision mobilenet_v2 (3,504,872 parameters)"),
-    ZooModel(name="mlp", family="mlp", config=MLPConfig(), build=MLP, inputs="features",
+    ZooModel(name="mlp", family="mlp", config=MLPConfig(), module="mlp:MLP", inputs="features",
              published_params=1024 * 4096 + 4096 + 4 * (4096 * 4096 + 4096) + 4096 * 1000 + 1000,
              source="gpuwise's own: 1024 -> 4 x 4096 -> 1000, GELU"),
 )}

@@ -3,24 +3,11 @@ token + position + segment embeddings, a tanh pooler and a 2-class head. Attenti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True)
-class BertConfig:
-    n_layer: int
-    n_head: int
-    hidden: int
-    intermediate: int
-    vocab_size: int = 30522
-    max_positions: int = 512
-    type_vocab_size: int = 2
-    num_labels: int = 2
-    eps: float = 1e-12
+from gpuwise.models.configs import BertConfig
 
 
 class Layer(nn.Module):

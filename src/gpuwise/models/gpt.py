@@ -5,25 +5,14 @@ gpuwise's own kernel with ``attn_impl="gpuwise"``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpuwise.models.common import KVCache, cached_kv, causal_attention
+from gpuwise.models.configs import GPTConfig
 from gpuwise.models.loss import causal_lm_loss
-
-
-@dataclass(frozen=True, kw_only=True)
-class GPTConfig:
-    n_layer: int
-    n_head: int
-    n_embd: int
-    vocab_size: int = 50257
-    block_size: int = 1024  # learned positions, hence the longest sequence
-    attn_impl: str = "sdpa"  # or "gpuwise": gpuwise.ops.attention (block-sparse FlashAttention in Triton)
-    loss: str = "standard"  # or "chunked", "fused": the training loss's path (gpuwise.models.loss)
 
 
 class CausalSelfAttention(nn.Module):

@@ -3,29 +3,13 @@ rotary positions, grouped-query attention (n_kv_heads < n_heads), a SwiGLU MLP, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpuwise.models.common import KVCache, cached_kv, causal_attention
+from gpuwise.models.configs import LlamaConfig
 from gpuwise.models.loss import causal_lm_loss
-
-
-@dataclass(frozen=True, kw_only=True)
-class LlamaConfig:
-    n_layer: int
-    n_head: int
-    n_kv_head: int
-    dim: int
-    ffn_dim: int
-    vocab_size: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    attn_impl: str = "sdpa"  # or "gpuwise": gpuwise.ops.attention (block-sparse FlashAttention in Triton)
-    loss: str = "standard"  # or "chunked", "fused": the training loss's path (gpuwise.models.loss)
 
 
 class RMSNorm(nn.Module):

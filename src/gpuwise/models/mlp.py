@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True)
-class MLPConfig:
-    n_layer: int = 4
-    in_features: int = 1024
-    hidden: int = 4096
-    num_classes: int = 1000
+from gpuwise.models.configs import MLPConfig
 
 
 class Block(nn.Module):

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpuwise.models.configs import MobileNetConfig
+
 # (expansion t, output channels c, repeats n, first stride s): Table 2 of the paper
 _SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
              (6, 320, 1, 1))
-
-
-@dataclass(frozen=True, kw_only=True)
-class MobileNetConfig:
-    num_classes: int = 1000
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int, groups: int = 1) -> nn.Sequential:

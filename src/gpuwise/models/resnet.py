@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True)
-class ResNetConfig:
-    layers: tuple[int, ...] = (3, 4, 6, 3)
-    num_classes: int = 1000
+from gpuwise.models.configs import ResNetConfig
 
 
 class Bottleneck(nn.Module):

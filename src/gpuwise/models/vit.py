@@ -3,23 +3,11 @@ a class token, learned positions, pre-LayerNorm blocks with a 4h GELU MLP and a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True)
-class ViTConfig:
-    n_layer: int
-    n_head: int
-    dim: int
-    mlp_dim: int
-    patch: int = 16
-    image_size: int = 224  # sets the number of learned positions
-    num_classes: int = 1000
-    eps: float = 1e-6
+from gpuwise.models.configs import ViTConfig
 
 
 class Block(nn.Module):
