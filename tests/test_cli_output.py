@@ -115,6 +115,7 @@ _REFUSED_WITHOUT_TORCH = [
     ["train", "--batch", "0"], ["train", "--steps", "-1"], ["train", "--precision", "fp9"], ["train", "--lr", "inf"],
     ["train", "--example", "foo"], ["train", "--seq", "0"], ["train", "--tp", "2"], ["train", "--optimizer", "sgd"],
     ["train", "--batch", "10", "--micro-batch", "3"], ["train", "--fix-input", "--no-monitor"],
+    ["train", "--checkpoint-dir", __file__],  # a file: refused before the plan prints its "auto:" line
     ["bench", "--ops", "foo"], ["bench", "--dtype", "fp9"], ["bench", "--plot", "a.jpg"],
     ["bench", "--calibrate", "--ops", "attention"], ["bench", "--compare", "a", "--compare", "b", "--quick"],
     ["watch", "--interval", "0"], ["watch", "--pid", "-1"], ["gpus", "nosuch"], ["doctor", "--foo"],

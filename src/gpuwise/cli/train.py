@@ -190,7 +190,8 @@ def train(
         progress.stop()
         where = (f"saved {stop.saved.name}; continue with --resume" if stop.saved is not None else
                  "no checkpoint (pass --checkpoint-dir to keep a run)")
-        console.print(f"stopped at step {stop.step}; {where}", markup=False, soft_wrap=True)
+        if Ranks.from_environ(os.environ).main:  # under torchrun every process stops; one says so
+            console.print(f"stopped at step {stop.step}; {where}", markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     finally:
         progress.stop()

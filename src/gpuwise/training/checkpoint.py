@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpuwise.errors import DamagedCheckpoint, GpuwiseError, first_line
+from gpuwise.training.config import not_a_folder
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
@@ -171,8 +172,7 @@ def _verify(path: Path) -> Checkpoint:
 
 def check_writable(folder: Path) -> None:
     """Fail before training, not after it, when checkpoints could not be written."""
-    if folder.exists() and not folder.is_dir():
-        raise GpuwiseError(f"--checkpoint-dir {folder} is a file", "pass a folder (it is created if missing)")
+    not_a_folder(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = Path(tempfile.mkdtemp(prefix=".probe-", dir=folder))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
@@ -140,6 +141,12 @@ class TrainConfig:
                                sharding=self.sharding if gpus > 1 else "ddp", loss=self.loss)
 
 
+def not_a_folder(folder: Path) -> None:
+    """--checkpoint-dir names a file: refused before the plan and the model, not after them."""
+    if folder.exists() and not folder.is_dir():
+        raise GpuwiseError(f"--checkpoint-dir {folder} is a file", "pass a folder (it is created if missing)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainOptions:
     """What ``gpuwise train`` trains and where; the loop's settings are ``config``."""
@@ -190,3 +197,5 @@ class TrainOptions:
                                "pass 0 (load in the training process) or a number of worker processes")
         if self.resume and not self.checkpoint_dir:
             raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
+        if self.checkpoint_dir is not None:
+            not_a_folder(Path(self.checkpoint_dir))
