@@ -117,7 +117,8 @@ _REFUSED_WITHOUT_TORCH = [
     ["train", "--batch", "10", "--micro-batch", "3"], ["train", "--fix-input", "--no-monitor"],
     ["train", "--checkpoint-dir", __file__],  # a file: refused before the plan prints its "auto:" line
     ["bench", "--ops", "foo"], ["bench", "--dtype", "fp9"], ["bench", "--plot", "a.jpg"],
-    ["bench", "--calibrate", "--ops", "attention"], ["bench", "--compare", "a", "--compare", "b", "--quick"],
+    ["bench", "--calibrate", "--ops", "attention"], ["bench", "--compare", "nosuch.json"],
+    ["bench", "--compare", "a", "--compare", "b", "--quick"],
     ["watch", "--interval", "0"], ["watch", "--pid", "-1"], ["gpus", "nosuch"], ["doctor", "--foo"],
 ]
 

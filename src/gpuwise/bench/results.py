@@ -8,6 +8,7 @@ import math
 import os
 from pathlib import Path
 
+from gpuwise.bench import saved_run_file
 from gpuwise.bench.suite import BenchResult
 from gpuwise.errors import GpuwiseError
 from gpuwise.files import atomic_path
@@ -28,6 +29,7 @@ def save(results: list[BenchResult], path: str | os.PathLike, *, machine: dict) 
 
 
 def load(path: str | os.PathLike) -> tuple[dict, list[BenchResult]]:
+    saved_run_file(path)
     try:
         data = json.loads(Path(path).read_text())
         rows = data["results"]

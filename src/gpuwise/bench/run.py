@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuwise.bench import DTYPES, OPS
+from gpuwise.bench import DTYPES, OPS, saved_run_file
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.device import resolve_device
 
@@ -65,6 +65,8 @@ class BenchOptions:
             if extra:
                 raise GpuwiseError(f"two --compare files run nothing, so {extra[0]} has nothing to act on",
                                    f"drop {extra[0]}, or compare one file against a new run")
+        for path in self.compare:  # before the machine is probed and torch loads (load() says the same)
+            saved_run_file(path)
         _check_choices(self.ops, OPS, "--ops")
         _check_choices(self.dtypes, DTYPES, "--dtype")
         if self.calibrate and not {"gemm", "copy"} <= set(self.ops or OPS):
