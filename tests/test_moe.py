@@ -156,3 +156,13 @@ def test_plan_reports_active_parameters_and_the_routing_assumption(tmp_path):
             assert data["experts"]["active"] == total - LAYERS * (E - K) * 3 * H * FFN
         assert (data["params"], data["experts"]["total"]) == (total, total)
         assert data["routing"].startswith(routing)
+
+
+def test_deepseek_v3_total_and_active_parameters():
+    pytest.importorskip("transformers")
+    experts = HFSource.from_path(DATA / "deepseek-v3-config.json").experts
+    # DeepSeek-V3 technical report (arXiv:2412.19437), abstract: 671 B total, 37 B activated for each token (the
+    # main model; its multi-token-prediction module is not in transformers' DeepseekV3ForCausalLM)
+    assert round(experts.total / 1e9) == 671
+    assert experts.active == pytest.approx(37e9, rel=0.02)
+    assert (experts.experts, experts.top_k) == (256, 8)
