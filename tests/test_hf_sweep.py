@@ -1,9 +1,9 @@
 """A dozen architectures of benchmarks/hf_sweep.py's sweep (issue 17): a small config of each (2 layers, width 64,
 vocabulary 1000) planned in-process, its parameter count against the model transformers builds for real.
 
-The ones that plan today must give the exact count; the Mixture-of-Experts and vision models that fail today are
-strict xfails with the reason they fail, so this test flips (XPASS fails) when issue 17's fixes land: then move them
-to PLANS with their counts."""
+The ones that plan today must give the exact count, vision models included (images from the config, constructors
+that read drop-path rates built with real constants: planning/hf_inputs.py, hf_build.py). An architecture that fails
+today goes in FAIL_TODAY as a strict xfail with the reason, so that it flips (XPASS fails) when its fix lands."""
 
 from __future__ import annotations
 
@@ -39,12 +39,12 @@ PLANS = [
     ("seq-cls", "bert", 168_258),
     ("causal-lm", "mixtral", 350_016),
     ("causal-lm", "qwen3_moe", 350_080),
+    ("image-cls", "vit", 116_802),
+    ("image-cls", "convnext", 84_766),
+    ("image-cls", "deit", 116_930),
+    ("image-cls", "resnet", 36_962),
 ]
-_VISION = "the constructor reads a tensor's value (aten._local_scalar_dense under fake tensors)"
-FAIL_TODAY = [
-    pytest.param("image-cls", "vit", 116_802, marks=pytest.mark.xfail(strict=True, reason=_VISION)),
-    pytest.param("image-cls", "convnext", 84_766, marks=pytest.mark.xfail(strict=True, reason=_VISION)),
-]
+FAIL_TODAY: list = []  # strict xfails (the reason each fails), flipped to PLANS when a fix lands
 
 
 @pytest.mark.parametrize(("task", "model_type", "params"), [*PLANS, *FAIL_TODAY])

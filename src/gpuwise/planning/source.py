@@ -28,6 +28,8 @@ from gpuwise.compat import DataDependentOutputException, tree_leaves
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
+from gpuwise.planning import hf_inputs
+from gpuwise.planning.hf_build import concrete_constants
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.stack import Misaligned, kinds_of, signatures
 from gpuwise.planning.transforms import find_blocks
@@ -423,8 +425,7 @@ class HFSource:
         if setup.task == "decode":
             _check_decode(self.name, self.causal_lm and self.decoder is not None, self.context(setup),
                           self.max_positions)
-        if setup.image_size is not None:
-            raise GpuwiseError("--image-size does not apply to a language model config", "use --seq")
+        _check_main_input(self, setup)
         kinds = self.layer_kinds if setup.pp > 1 else None
         if kinds is not None and len(set(kinds)) > 1:  # a stage would need the blocks it holds, not the first ones
             raise GpuwiseError(f"--pp {setup.pp}: {self.name}'s blocks are not all alike ({len(set(kinds))} kinds, "
@@ -436,9 +437,19 @@ class HFSource:
                                f"pass --seq {self.max_positions} or less")
 
     def tokens(self, setup: Setup) -> int:
-        if setup.task == "decode":
-            return 1
+        if setup.task == "decode" or self.main_input != hf_inputs.TOKENS:
+            return 1  # an image a sample
         return setup.seq or min(2048, self.max_positions or 2048)
+
+    @property
+    def main_input(self) -> str:
+        """The forward argument the data goes in (hf_inputs.py): input_ids, pixel_values..."""
+        try:
+            import transformers
+        except ImportError:
+            return hf_inputs.TOKENS
+        arch = next(iter(self.config.get("architectures") or []), None)
+        return hf_inputs.main_input(getattr(transformers, arch, None) if isinstance(arch, str) else None)
 
     def context(self, setup: Setup) -> int:
         """--task decode: the tokens already cached (default: the prefill's default sequence)."""
@@ -516,16 +527,10 @@ class HFSource:
             config, model = self._model(transformers, cfg_dict)
         seq = self.tokens(setup)
         decode = setup.task == "decode"
-        vocab = int(getattr(config, "vocab_size", 32000))
-        ids = torch.randint(vocab, (batch, seq))
         name = type(model).__name__
-        if name.endswith(("ForSequenceClassification", "ForTokenClassification")):
-            shape = (batch,) if name.endswith("ForSequenceClassification") else (batch, seq)
-            labels = torch.randint(max(int(getattr(config, "num_labels", 2)), 1), shape)
-        elif name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")):
-            labels = ids
-        else:
-            labels = None  # a bare model: the loss is output.float().square().mean()
+        main = hf_inputs.main_input(type(model))  # input_ids, pixel_values (hf_inputs.py)
+        ids = hf_inputs.make_input(main, config, batch, seq=seq, image=setup.image_size, dtype=setup.input_dtype)
+        labels = hf_inputs.make_labels(model, ids, seq=seq)
 
         # Inference of a decoder fills transformers' own KV cache (a DynamicCache, one K and V per layer, each
         # (B, kv_heads, T, head_dim) for the T tokens given), as generate() does in its prefill.
@@ -558,10 +563,16 @@ class HFSource:
                     return causal_lm_loss(setup.loss, hidden, model.get_output_embeddings(), shifted)
                 if targets is not None:
                     kwargs["labels"] = targets
-                out = model(input_ids=inputs[0], **kwargs)
+                out = model(**{main: inputs[0]}, **kwargs)
             if not setup.training:
                 return out
-            return out.loss if targets is not None else _scalar_loss(getattr(out, "last_hidden_state", out))
+            if targets is not None:
+                return out.loss
+            # a model without labels (DeiT's with a teacher): its last hidden state, else its first output (logits)
+            hidden = getattr(out, "last_hidden_state", None)
+            if hidden is None and hasattr(out, "to_tuple") and out.to_tuple():
+                hidden = out.to_tuple()[0]
+            return _scalar_loss(out if hidden is None else hidden)
 
         return Built(model=model, inputs=(ids,), targets=labels if setup.training else None, run=run,
                      cache_tensors=_cache_tensors if cached else None,
@@ -589,7 +600,10 @@ def _construct(transformers: ModuleType, cls: type | None, config: Any) -> nn.Mo
     (torch 2.13's ``trunc_normal_``, ModernBERT's and ViT's initialiser), it is built again without initialising:
     the plan needs the weights' shapes, not their values. Tied weights are still tied (``tie_weights`` is apart)."""
     def build() -> nn.Module:
-        return cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
+        with concrete_constants() as unreal:  # drop-path rates read off torch.linspace (hf_build.py)
+            model = cls(config) if cls is not None else transformers.AutoModelForCausalLM.from_config(config)
+        unreal(model)
+        return model
 
     base = getattr(transformers, "PreTrainedModel", None)
     try:
@@ -603,6 +617,17 @@ def _construct(transformers: ModuleType, cls: type | None, config: Any) -> nn.Mo
         return build()
     finally:
         base.initialize_weights = original
+
+
+def _check_main_input(source: HFSource, setup: Setup) -> None:
+    """--seq is for token models, --image-size for image ones; inputs the planner does not make are refused."""
+    arch = (source.config.get("architectures") or [source.config["model_type"]])[0]
+    main = source.main_input
+    hf_inputs.check_input(main, arch)
+    if setup.image_size is not None and main != hf_inputs.PIXELS:
+        raise GpuwiseError(f"--image-size does not apply to {arch}, which takes {main}", "use --seq")
+    if setup.seq is not None and main != hf_inputs.TOKENS:
+        raise GpuwiseError(f"--seq does not apply to {arch}, which takes {main}", "use --image-size")
 
 
 def _first_blocks(cfg: dict, n_layer: int) -> dict:

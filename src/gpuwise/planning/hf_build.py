@@ -1,0 +1,84 @@
+"""Building a model whose constructor reads tensor values, under fake tensors or on the meta device.
+
+ConvNeXt, Swin, CvT, FocalNet and most vision models compute their drop-path rates as
+``[x.item() for x in torch.linspace(0, rate, depth)]``; fake and meta tensors have no values to read. Under
+``concrete_constants()`` the few factory calls that make such constants (``linspace``, ``arange``, ``tensor``...,
+with at most ``SMALL_NUMEL`` elements) give real CPU tensors, whose values Python can read. Parameters and buffers
+must not stay real (the plan counts their bytes on the device): when the constructor returns, every parameter or
+buffer that is a real tensor is swapped for an empty one of the same shape, dtype and stride made where the model
+lives (a fake tensor, or a meta one), its ``requires_grad`` and any sharing between modules kept.
+
+    with concrete_constants() as fix:
+        model = cls(config)
+    fix(model)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.overrides import TorchFunctionMode
+
+from gpuwise.compat import FakeTensor, tree_leaves
+
+# Factory calls that make constants from Python numbers: drop-path rates, position indices, scales
+_FACTORIES = frozenset({torch.linspace, torch.logspace, torch.arange, torch.tensor, torch.as_tensor})
+SMALL_NUMEL = 1 << 16  # a constant, not a weight: 64 Ki elements at most (drop-path rates have one a block)
+
+
+def _unreal(t: torch.Tensor) -> bool:
+    """Whether ``t`` has no values to read: a fake or a meta tensor."""
+    return isinstance(t, FakeTensor) or t.is_meta
+
+
+class _Constants(TorchFunctionMode):
+    """Small factory outputs made for real on the CPU, and what is computed from real tensors alone (``.split``,
+    ``.tolist()``) computed for real too, outside any fake mode; everything else as the modes below make it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if tensors and not any(_unreal(t) for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if tensors or func not in _FACTORIES or not isinstance(out, torch.Tensor) or not _unreal(out) \
+                or out.numel() > SMALL_NUMEL:
+            return out
+        with unset_fake_temporarily():
+            return func(*args, **{**kwargs, "device": "cpu"})  # under any device context
+
+
+def _unrealize(model: nn.Module) -> None:
+    """Every parameter and buffer of ``model`` that is a real tensor becomes an empty one made as the model's own
+    (``torch.empty_strided`` under the ambient fake mode and device), shared ones shared still."""
+    done: dict[int, torch.Tensor] = {}
+
+    def swap(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in done:
+            # where the ambient modes put a new tensor (the fake mode's CPU, or meta), in t's dtype and layout
+            new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+            done[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+        return done[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if isinstance(t, torch.Tensor) and not _unreal(t):
+                    table[name] = swap(t)
+
+
+@contextlib.contextmanager
+def concrete_constants() -> Iterator[Callable[[nn.Module], None]]:
+    """Small constants made for real while a model is built under fake tensors or on the meta device; yields the
+    function that makes the built model's parameters and buffers unreal again. Where new tensors are real anyway
+    (a real run), it does nothing."""
+    if not _unreal(torch.empty(0)):
+        yield lambda model: None
+        return
+    with _Constants():
+        yield _unrealize

@@ -1,0 +1,88 @@
+"""The inputs of one step of a transformers model, from its class and its config: what its main input is
+(``main_input_name``, checked against ``forward``'s signature), its shape, and the labels its loss needs.
+
+Token models get ``input_ids`` (batch, seq); image models ``pixel_values`` (batch, num_channels, height, width)
+from the config's (or its ``vision_config``'s) ``num_channels`` and ``image_size`` (an int or a pair), which
+``--image-size`` overrides.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from gpuwise.errors import GpuwiseError
+
+TOKENS, PIXELS = "input_ids", "pixel_values"
+DEFAULT_IMAGE_SIZE = 224  # transformers' image processors' default where a config names no size (ResNet, RegNet)
+
+
+def main_input(cls: type | None) -> str:
+    """The argument of ``cls.forward`` that carries the data: transformers' ``main_input_name`` where ``forward``
+    takes it, else ``input_ids`` (a class the config does not name is built as a causal LM)."""
+    if cls is None:
+        return TOKENS
+    name = getattr(cls, "main_input_name", TOKENS)
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return name
+    if name in params:
+        return name
+    return next((p for p in (TOKENS, PIXELS) if p in params), name)
+
+
+def check_input(name: str, arch: str) -> None:
+    """The planner makes token ids and images; audio, video and the rest are refused with their name."""
+    if name not in (TOKENS, PIXELS):
+        raise GpuwiseError(f"{arch}'s forward takes {name}, an input the planner does not make yet (it makes "
+                           f"{TOKENS} and {PIXELS})", "plan a text or image model of this config, or your own model "
+                           "with --model file.py:function, whose function makes the inputs")
+
+
+def image_size(config: Any, override: int | None) -> tuple[int, int]:
+    """(height, width) of the images: ``--image-size``, else the (vision) config's ``image_size``."""
+    if override is not None:
+        return override, override
+    size = getattr(_vision(config), "image_size", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size, size
+    if isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(s, int) for s in size):
+        return int(size[0]), int(size[1])
+    if isinstance(size, dict) and isinstance(size.get("height"), int) and isinstance(size.get("width"), int):
+        return size["height"], size["width"]
+    return DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
+
+
+def make_input(name: str, config: Any, batch: int, *, seq: int, image: int | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The main input: token ids (batch, seq) below the vocabulary, or images (batch, channels, height, width)."""
+    if name == PIXELS:
+        channels = int(getattr(_vision(config), "num_channels", None) or 3)
+        return torch.randn(batch, channels, *image_size(config, image), dtype=dtype)
+    return torch.randint(int(getattr(config, "vocab_size", None) or 32000), (batch, seq))
+
+
+def make_labels(model: torch.nn.Module, inputs: torch.Tensor, *, seq: int) -> torch.Tensor | None:
+    """The labels the model's loss reads: a class per sample (sequence and image classifiers), per token (token
+    classifiers), the tokens themselves (language models); None for a bare model, or one whose forward takes no
+    labels (DeiT's with a teacher): its loss is the output's mean square."""
+    arch, config, batch = type(model).__name__, model.config, inputs.shape[0]
+    if "labels" not in inspect.signature(model.forward).parameters:
+        return None
+    classes = max(int(getattr(config, "num_labels", 2)), 1)
+    if arch.endswith(("ForSequenceClassification", "ForImageClassification")):
+        return torch.randint(classes, (batch,))
+    if arch.endswith("ForTokenClassification"):
+        return torch.randint(classes, (batch, seq))
+    if arch.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")) \
+            and inputs.dtype == torch.long:
+        return inputs
+    return None
+
+
+def _vision(config: Any) -> Any:
+    """The config that describes the images: ``vision_config`` where the model has one (CLIP, SigLIP)."""
+    return getattr(config, "vision_config", None) or config

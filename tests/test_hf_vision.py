@@ -1,0 +1,116 @@
+"""Hugging Face vision models planned (issue 17): constructors that read tensor values (planning/hf_build.py), images
+made from the config (planning/hf_inputs.py), and a planned peak against PyTorch's MemTracker on a real CPU step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import run_cli
+from gpuwise.compat import FakeTensor, FakeTensorMode
+from gpuwise.planning.hf_build import concrete_constants
+
+
+class DropPathNet(nn.Module):
+    """As ConvNeXt's and Swin's constructors: drop-path rates read off torch.linspace, a position buffer."""
+
+    def __init__(self, depth: int = 4, width: int = 16):
+        super().__init__()
+        self.rates = [x.item() for x in torch.linspace(0, 0.1, depth)]
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+        self.scale = nn.Parameter(torch.tensor([1.0, 2.0]))  # a parameter from a Python list
+        self.register_buffer("positions", torch.arange(width).expand(1, -1), persistent=False)
+
+
+def _build(context) -> DropPathNet:
+    with context:
+        with concrete_constants() as unreal:
+            model = DropPathNet()
+        unreal(model)
+    return model
+
+
+@pytest.mark.parametrize("where", ["fake", "meta"])
+def test_constants_are_real_while_building_and_the_model_is_not(where):
+    context = FakeTensorMode(allow_non_fake_inputs=True) if where == "fake" else torch.device("meta")
+    model = _build(context)
+    real = DropPathNet()
+    assert model.rates == pytest.approx(real.rates)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in real.parameters())
+    for t in [*model.parameters(), *model.buffers()]:
+        assert isinstance(t, FakeTensor) if where == "fake" else t.is_meta
+    assert isinstance(model.scale, nn.Parameter) and model.scale.requires_grad
+    assert model.positions.shape == (1, 16) and model.positions.dtype == torch.long
+
+
+def test_a_real_build_is_left_alone():
+    model = _build(torch.device("cpu"))
+    assert torch.equal(model.scale, torch.tensor([1.0, 2.0])) and model.positions[0, 3].item() == 3
+
+
+# --- the CLI on image configs -----------------------------------------------------------------------------------
+
+CONVNEXT = {"model_type": "convnext", "architectures": ["ConvNextForImageClassification"], "hidden_sizes": [16, 32],
+            "depths": [1, 1], "num_stages": 2, "image_size": 32, "num_labels": 10}
+
+
+def _config(tmp_path: Path, cfg: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_image_size_scales_a_convnets_flops(capsys, tmp_path):
+    """Convolutions cost in proportion to the pixels: 64 px is 4x the FLOPs of 32 px, less the classifier head's
+    share (a reference from the arithmetic, not from the planner)."""
+    pytest.importorskip("transformers")
+    path = _config(tmp_path, CONVNEXT)
+    flops = {}
+    for size in (32, 64):
+        code, out, err = run_cli(capsys, "plan", "--hf-config", path, "--image-size", str(size), "--batch", "2",
+                                 "--json")
+        assert code == 0, err
+        flops[size] = json.loads(out)["flops_per_step"]
+    assert 3.8 < flops[64] / flops[32] <= 4.0
+
+
+@pytest.mark.parametrize(("cfg", "flag", "fix"), [
+    (CONVNEXT, ["--seq", "128"], "--image-size"),
+    ({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 1000}, ["--image-size", "64"], "--seq"),
+])
+def test_the_wrong_size_flag_is_one_line(capsys, tmp_path, cfg, flag, fix):
+    pytest.importorskip("transformers")
+    code, out, err = run_cli(capsys, "plan", "--hf-config", _config(tmp_path, cfg), *flag)
+    assert code == 2 and not out
+    assert err.startswith("error: ") and fix in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2
+
+
+# --- the planned peak against MemTracker ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    transformers = pytest.importorskip("transformers")
+    path = Path(__file__).parents[1] / "benchmarks" / "hf_sweep.py"
+    spec = importlib.util.spec_from_file_location("hf_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    transformers.logging.set_verbosity_error()
+    return module
+
+
+def test_vit_peak_against_memtracker(sweep):
+    """The fp32 training step of a small ViT (2 layers, width 64, 32 px, batch 2) run for real on the CPU under
+    PyTorch's MemTracker, against the plan of the same config on fake tensors (1.02x when written)."""
+    check = sweep.memtracker_check("image-cls", "vit")
+    assert check["measured"] and check["planned"], check
+    assert 0.95 < check["ratio"] < 1.15, check
