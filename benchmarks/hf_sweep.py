@@ -264,17 +264,20 @@ def real_params(config: dict, task: str, *, run: bool = True) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def plan_config(config: dict, *, precision: str = "bf16-mixed", folder: Path | None = None, task: str = "causal-lm"):
+def plan_config(config: dict, *, precision: str = "bf16-mixed", folder: Path | None = None):
     """``gpuwise plan --hf-config`` of ``config`` in-process: batch 2 x 32 tokens (or the config's images), one
     training step."""
-    from gpuwise.planning import Setup, plan_model
+    import transformers
 
+    from gpuwise.planning import Setup, plan_model
+    from gpuwise.planning.hf_inputs import TOKENS, kind
+
+    tokens = kind(getattr(transformers, config["architectures"][0], None)) == TOKENS  # ImageGPT's are
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         path = Path(tmp) / "config.json"
         path.write_text(json.dumps(config))
-        return plan_model(None, Setup(micro_batch=BATCH, seq=None if task == "image-cls" else SEQ,
-                                                precision=precision), hf_config=str(path),
-                          gpu="h100")
+        return plan_model(None, Setup(micro_batch=BATCH, seq=SEQ if tokens else None, precision=precision),
+                          hf_config=str(path), gpu="h100")
 
 
 def _reason(exc: BaseException, architecture: str, model_type: str = "") -> str:
@@ -314,7 +317,7 @@ def sweep_one(task: str, model_type: str, architecture: str, *, timeout: float =
                     row.result, row.reason = "unbuildable", _reason(error, architecture, model_type)
                 else:
                     try:
-                        p = plan_config(config, task=task)
+                        p = plan_config(config)
                         row.plan_params = p.params
                         row.result = "ok" if p.params == row.real_params else "param mismatch"
                     except GpuwiseError as exc:
@@ -371,7 +374,7 @@ def memtracker_check(task: str, model_type: str, *, timeout: float = 120.0) -> d
         try:
             with time_limit(timeout):
                 out["measured"] = memtracker_peak(config, task)
-                out["planned"] = plan_config(config, precision="fp32", task=task).peak_bytes
+                out["planned"] = plan_config(config, precision="fp32").peak_bytes
                 out["ratio"] = round(out["planned"] / out["measured"], 4)
         except (Exception, Timeout) as exc:
             out["reason"] = _reason(exc, arch, model_type)

@@ -34,12 +34,21 @@ def main_input(cls: type | None) -> str:
     return next((p for p in (TOKENS, PIXELS) if p in params), name)
 
 
-def check_input(name: str, arch: str) -> None:
+def kind(cls: type | None) -> str | None:
+    """What the main input holds: ``TOKENS`` or ``PIXELS`` (Perceiver's image classifiers take their images as
+    ``inputs``); None for inputs the planner does not make (audio, video...)."""
+    name = main_input(cls)
+    if name == "inputs" and cls is not None and "ForImageClassification" in cls.__name__:
+        return PIXELS
+    return name if name in (TOKENS, PIXELS) else None
+
+
+def check_input(cls: type | None, arch: str) -> None:
     """The planner makes token ids and images; audio, video and the rest are refused with their name."""
-    if name not in (TOKENS, PIXELS):
-        raise GpuwiseError(f"{arch}'s forward takes {name}, an input the planner does not make yet (it makes "
-                           f"{TOKENS} and {PIXELS})", "plan a text or image model of this config, or your own model "
-                           "with --model file.py:function, whose function makes the inputs")
+    if kind(cls) is None:
+        raise GpuwiseError(f"{arch}'s forward takes {main_input(cls)}, an input the planner does not make yet (it "
+                           f"makes {TOKENS} and {PIXELS})", "plan a text or image model of this config, or your own "
+                           "model with --model file.py:function, whose function makes the inputs")
 
 
 def image_size(config: Any, override: int | None) -> tuple[int, int]:
@@ -56,10 +65,11 @@ def image_size(config: Any, override: int | None) -> tuple[int, int]:
     return DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE
 
 
-def make_input(name: str, config: Any, batch: int, *, seq: int, image: int | None,
+def make_input(what: str, config: Any, batch: int, *, seq: int, image: int | None,
                dtype: torch.dtype) -> torch.Tensor:
-    """The main input: token ids (batch, seq) below the vocabulary, or images (batch, channels, height, width)."""
-    if name == PIXELS:
+    """The main input (``what``: TOKENS or PIXELS): token ids (batch, seq) below the vocabulary, or images (batch,
+    channels, height, width)."""
+    if what == PIXELS:
         channels = int(getattr(_vision(config), "num_channels", None) or 3)
         return torch.randn(batch, channels, *image_size(config, image), dtype=dtype)
     return torch.randint(int(getattr(config, "vocab_size", None) or 32000), (batch, seq))

@@ -437,19 +437,19 @@ class HFSource:
                                f"pass --seq {self.max_positions} or less")
 
     def tokens(self, setup: Setup) -> int:
-        if setup.task == "decode" or self.main_input != hf_inputs.TOKENS:
+        if setup.task == "decode" or hf_inputs.kind(self.model_class) != hf_inputs.TOKENS:
             return 1  # an image a sample
         return setup.seq or min(2048, self.max_positions or 2048)
 
     @property
-    def main_input(self) -> str:
-        """The forward argument the data goes in (hf_inputs.py): input_ids, pixel_values..."""
+    def model_class(self) -> type | None:
+        """The transformers class config.json names (None: built as a causal LM, or no transformers)."""
         try:
             import transformers
         except ImportError:
-            return hf_inputs.TOKENS
+            return None
         arch = next(iter(self.config.get("architectures") or []), None)
-        return hf_inputs.main_input(getattr(transformers, arch, None) if isinstance(arch, str) else None)
+        return getattr(transformers, arch, None) if isinstance(arch, str) else None
 
     def context(self, setup: Setup) -> int:
         """--task decode: the tokens already cached (default: the prefill's default sequence)."""
@@ -529,7 +529,8 @@ class HFSource:
         decode = setup.task == "decode"
         name = type(model).__name__
         main = hf_inputs.main_input(type(model))  # input_ids, pixel_values (hf_inputs.py)
-        ids = hf_inputs.make_input(main, config, batch, seq=seq, image=setup.image_size, dtype=setup.input_dtype)
+        ids = hf_inputs.make_input(hf_inputs.kind(type(model)), config, batch, seq=seq, image=setup.image_size,
+                                   dtype=setup.input_dtype)
         labels = hf_inputs.make_labels(model, ids, seq=seq)
 
         # Inference of a decoder fills transformers' own KV cache (a DynamicCache, one K and V per layer, each
@@ -622,12 +623,12 @@ def _construct(transformers: ModuleType, cls: type | None, config: Any) -> nn.Mo
 def _check_main_input(source: HFSource, setup: Setup) -> None:
     """--seq is for token models, --image-size for image ones; inputs the planner does not make are refused."""
     arch = (source.config.get("architectures") or [source.config["model_type"]])[0]
-    main = source.main_input
-    hf_inputs.check_input(main, arch)
-    if setup.image_size is not None and main != hf_inputs.PIXELS:
-        raise GpuwiseError(f"--image-size does not apply to {arch}, which takes {main}", "use --seq")
-    if setup.seq is not None and main != hf_inputs.TOKENS:
-        raise GpuwiseError(f"--seq does not apply to {arch}, which takes {main}", "use --image-size")
+    hf_inputs.check_input(source.model_class, arch)
+    kind = hf_inputs.kind(source.model_class)
+    if setup.image_size is not None and kind != hf_inputs.PIXELS:
+        raise GpuwiseError(f"--image-size does not apply to {arch}, which takes {kind}", "use --seq")
+    if setup.seq is not None and kind != hf_inputs.TOKENS:
+        raise GpuwiseError(f"--seq does not apply to {arch}, which takes {kind}", "use --image-size")
 
 
 def _first_blocks(cfg: dict, n_layer: int) -> dict:
