@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -18,11 +19,13 @@ from gpuwise.planning.hf_build import concrete_constants
 
 
 class DropPathNet(nn.Module):
-    """As ConvNeXt's and Swin's constructors: drop-path rates read off torch.linspace, a position buffer."""
+    """As ConvNeXt's, Swin's and BiT's constructors: drop-path rates read off torch.linspace (or NumPy's), a position
+    buffer."""
 
     def __init__(self, depth: int = 4, width: int = 16):
         super().__init__()
         self.rates = [x.item() for x in torch.linspace(0, 0.1, depth)]
+        self.stage_rates = [x.tolist() for x in torch.Tensor(np.linspace(0, 0.1, depth)).split([1, depth - 1])]  # BiT
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
         self.scale = nn.Parameter(torch.tensor([1.0, 2.0]))  # a parameter from a Python list
         self.register_buffer("positions", torch.arange(width).expand(1, -1), persistent=False)
@@ -41,7 +44,7 @@ def test_constants_are_real_while_building_and_the_model_is_not(where):
     context = FakeTensorMode(allow_non_fake_inputs=True) if where == "fake" else torch.device("meta")
     model = _build(context)
     real = DropPathNet()
-    assert model.rates == pytest.approx(real.rates)
+    assert model.rates == pytest.approx(real.rates) and model.stage_rates[1] == pytest.approx(real.stage_rates[1])
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in real.parameters())
     for t in [*model.parameters(), *model.buffers()]:
         assert isinstance(t, FakeTensor) if where == "fake" else t.is_meta

@@ -3,7 +3,8 @@
 ConvNeXt, Swin, CvT, FocalNet and most vision models compute their drop-path rates as
 ``[x.item() for x in torch.linspace(0, rate, depth)]``; fake and meta tensors have no values to read. Under
 ``concrete_constants()`` the few factory calls that make such constants (``linspace``, ``arange``, ``tensor``...,
-with at most ``SMALL_NUMEL`` elements) give real CPU tensors, whose values Python can read. Parameters and buffers
+and tensors made from Python or NumPy data, with at most ``SMALL_NUMEL`` elements) give real CPU tensors, and
+what is computed from real tensors alone stays real, so Python can read the values. Parameters and buffers
 must not stay real (the plan counts their bytes on the device): when the constructor returns, every parameter or
 buffer that is a real tensor is swapped for an empty one of the same shape, dtype and stride made where the model
 lives (a fake tensor, or a meta one), its ``requires_grad`` and any sharing between modules kept.
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuwise.compat import FakeTensor, tree_leaves
 
@@ -53,6 +55,22 @@ class _Constants(TorchFunctionMode):
             return func(*args, **{**kwargs, "device": "cpu"})  # under any device context
 
 
+class _Literals(TorchDispatchMode):
+    """Below the Python API, above the fake mode: a tensor made from Python or NumPy data (``aten.lift_fresh``, which
+    ``torch.Tensor(np.linspace(...))`` calls, BiT's drop-path rates) stays real where it is small, and an op on real
+    tensors alone (its ``.to(float32)``) runs for real."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if func is torch.ops.aten.lift_fresh.default and not _unreal(args[0]) and args[0].numel() <= SMALL_NUMEL:
+            return args[0]
+        if tensors and not any(_unreal(t) for t in tensors):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 def _unrealize(model: nn.Module) -> None:
     """Every parameter and buffer of ``model`` that is a real tensor becomes an empty one made as the model's own
     (``torch.empty_strided`` under the ambient fake mode and device), shared ones shared still."""
@@ -80,5 +98,5 @@ def concrete_constants() -> Iterator[Callable[[nn.Module], None]]:
     if not _unreal(torch.empty(0)):
         yield lambda model: None
         return
-    with _Constants():
+    with _Constants(), _Literals():
         yield _unrealize
