@@ -35,11 +35,15 @@ def main_input(cls: type | None) -> str:
 
 
 def kind(cls: type | None) -> str | None:
-    """What the main input holds: ``TOKENS`` or ``PIXELS`` (Perceiver's image classifiers take their images as
-    ``inputs``); None for inputs the planner does not make (audio, video...)."""
+    """What the main input holds: ``TOKENS`` or ``PIXELS``; None for inputs the planner does not make (audio,
+    video...). Perceiver's heads take either as ``inputs``: images for its image classifiers, token ids for its
+    masked LM and text classifier."""
     name = main_input(cls)
-    if name == "inputs" and cls is not None and "ForImageClassification" in cls.__name__:
-        return PIXELS
+    if name == "inputs" and cls is not None:
+        if "ForImageClassification" in cls.__name__:
+            return PIXELS
+        if cls.__name__.endswith(("ForMaskedLM", "ForSequenceClassification")):
+            return TOKENS
     return name if name in (TOKENS, PIXELS) else None
 
 
