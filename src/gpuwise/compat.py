@@ -13,12 +13,18 @@ import functools
 # torch._subclasses.fake_tensor since 2.0; DataDependentOutputException is raised by .item() and friends.
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 
+try:  # an op whose output shape depends on values (nonzero, unique): in every torch gpuwise supports
+    from torch._subclasses.fake_tensor import DynamicOutputShapeException
+except ImportError:  # pragma: no cover
+    DynamicOutputShapeException = DataDependentOutputException
+
 # Where FakeTensorMode logs a failing op's traceback before re-raising it (the planner reports one line).
 FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 
 # A mode that sees every aten op with its tensors (the planner's memory tracker). Public since 2.x in spirit,
-# private in name: torch.utils._python_dispatch.
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+# private in name: torch.utils._python_dispatch. _disable_current_modes runs real tensor code inside a mode (the
+# MoE routing stand-in computes its concrete twins with it).
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
 # Flatten nested outputs of an op to their tensors. torch.utils._pytree (the public torch.utils.pytree
 # appears in 2.6 and is not in 2.5).
@@ -43,8 +49,9 @@ def scaled_mm(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum: bool):
                             use_fast_accum=use_fast_accum)
 
 
-__all__ = ["FAKE_TENSOR_LOGGER", "DataDependentOutputException", "FakeTensor", "FakeTensorMode",
-           "TorchDispatchMode", "fsdp2", "scaled_mm", "tree_flatten", "tree_leaves", "tree_map", "tree_unflatten"]
+__all__ = ["FAKE_TENSOR_LOGGER", "DataDependentOutputException", "DynamicOutputShapeException", "FakeTensor",
+           "FakeTensorMode", "TorchDispatchMode", "_disable_current_modes",
+           "fsdp2", "scaled_mm", "tree_flatten", "tree_leaves", "tree_map", "tree_unflatten"]
 
 
 # The float unary ops ATen sends to oneMKL's VML on the CPU (aten/src/ATen/cpu/vml.h, IMPLEMENT_VML_MKL).

@@ -16,14 +16,16 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
-from gpuwise.compat import DataDependentOutputException, FakeTensor, TorchDispatchMode, tree_leaves, tree_map
-
-try:
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException
-except ImportError:  # pragma: no cover - every torch gpuwise supports has it
-    DynamicOutputShapeException = DataDependentOutputException
+from gpuwise.compat import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    TorchDispatchMode,
+    _disable_current_modes,
+    tree_leaves,
+    tree_map,
+)
 
 ASSUMPTION = "balanced top-k: each expert gets tokens x top-k / experts (the router's choice is data-dependent)"
 _SMALL = 1 << 22  # concrete twins of factory outputs (masks, counters) up to 4 M elements; larger ones never route
