@@ -83,6 +83,23 @@ def test_image_size_scales_a_convnets_flops(capsys, tmp_path):
     assert 3.8 < flops[64] / flops[32] <= 4.0
 
 
+def test_image_size_interpolates_a_vits_positions(capsys, tmp_path):
+    """A ViT trained at 32 px planned at 64 px: transformers interpolates its learned positions
+    (interpolate_pos_encoding), so it runs, with the same parameters, on 64 + 1 tokens instead of 16 + 1: the
+    linear layers' FLOPs (most of them at this width) grow 65/17 = 3.8x, attention's more, the head's not at all."""
+    pytest.importorskip("transformers")
+    vit = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "image_size": 32}
+    path = _config(tmp_path, vit)
+    plans = []
+    for size in ("32", "64"):
+        code, out, err = run_cli(capsys, "plan", "--hf-config", path, "--image-size", size, "--batch", "2", "--json")
+        assert code == 0, err
+        plans.append(json.loads(out))
+    assert plans[0]["params"] == plans[1]["params"]
+    assert 3.5 < plans[1]["flops_per_step"] / plans[0]["flops_per_step"] < 5
+
+
 @pytest.mark.parametrize(("cfg", "flag", "fix"), [
     (CONVNEXT, ["--seq", "128"], "--image-size"),
     ({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 64, "num_hidden_layers": 2,

@@ -100,3 +100,13 @@ def make_labels(model: torch.nn.Module, inputs: torch.Tensor, *, seq: int) -> to
 def _vision(config: Any) -> Any:
     """The config that describes the images: ``vision_config`` where the model has one (CLIP, SigLIP)."""
     return getattr(config, "vision_config", None) or config
+
+
+def forward_options(model: torch.nn.Module, image: int | None) -> dict[str, Any]:
+    """Keyword arguments of the step's forward besides the inputs: ``interpolate_pos_encoding=True`` where
+    ``--image-size`` differs from the config's and ``forward`` takes it (ViT, DeiT, DINOv2...): the learned positions
+    interpolated to the new grid, as transformers does to fine-tune at another resolution."""
+    if image is None or image_size(model.config, None) == (image, image):
+        return {}
+    takes = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
+    return {"interpolate_pos_encoding": True} if takes else {}

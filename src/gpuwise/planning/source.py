@@ -532,6 +532,7 @@ class HFSource:
         ids = hf_inputs.make_input(hf_inputs.kind(type(model)), config, batch, seq=seq, image=setup.image_size,
                                    dtype=setup.input_dtype)
         labels = hf_inputs.make_labels(model, ids, seq=seq)
+        options = hf_inputs.forward_options(model, setup.image_size)  # ViT's positions interpolated to --image-size
 
         # Inference of a decoder fills transformers' own KV cache (a DynamicCache, one K and V per layer, each
         # (B, kv_heads, T, head_dim) for the T tokens given), as generate() does in its prefill.
@@ -564,7 +565,7 @@ class HFSource:
                     return causal_lm_loss(setup.loss, hidden, model.get_output_embeddings(), shifted)
                 if targets is not None:
                     kwargs["labels"] = targets
-                out = model(**{main: inputs[0]}, **kwargs)
+                out = model(**{main: inputs[0]}, **options, **kwargs)
             if not setup.training:
                 return out
             if targets is not None:
