@@ -11,7 +11,12 @@ import functools
 
 # Fake tensors: tensors with shapes and dtypes but no storage, so a whole step runs without memory.
 # torch._subclasses.fake_tensor since 2.0; DataDependentOutputException is raised by .item() and friends.
-from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,  # real tensors inside a fake mode (hf_build: constants a constructor reads)
+)
 
 try:  # an op whose output shape depends on values (nonzero, unique): in every torch gpuwise supports
     from torch._subclasses.fake_tensor import DynamicOutputShapeException
@@ -51,7 +56,7 @@ def scaled_mm(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum: bool):
 
 __all__ = ["FAKE_TENSOR_LOGGER", "DataDependentOutputException", "DynamicOutputShapeException", "FakeTensor",
            "FakeTensorMode", "TorchDispatchMode", "_disable_current_modes",
-           "fsdp2", "scaled_mm", "tree_flatten", "tree_leaves", "tree_map", "tree_unflatten"]
+           "fsdp2", "scaled_mm", "tree_flatten", "tree_leaves", "tree_map", "tree_unflatten", "unset_fake_temporarily"]
 
 
 # The float unary ops ATen sends to oneMKL's VML on the CPU (aten/src/ATen/cpu/vml.h, IMPLEMENT_VML_MKL).

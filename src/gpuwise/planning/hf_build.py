@@ -21,11 +21,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpuwise.compat import FakeTensor, tree_leaves
+from gpuwise.compat import FakeTensor, TorchDispatchMode, tree_leaves, unset_fake_temporarily
 
 # Factory calls that make constants from Python numbers: drop-path rates, position indices, scales
 _FACTORIES = frozenset({torch.linspace, torch.logspace, torch.arange, torch.tensor, torch.as_tensor})
