@@ -115,6 +115,9 @@ _REFUSED_WITHOUT_TORCH = [
     ["train", "--batch", "0"], ["train", "--steps", "-1"], ["train", "--precision", "fp9"], ["train", "--lr", "inf"],
     ["train", "--example", "foo"], ["train", "--seq", "0"], ["train", "--tp", "2"], ["train", "--optimizer", "sgd"],
     ["train", "--batch", "10", "--micro-batch", "3"], ["train", "--fix-input", "--no-monitor"],
+    ["plan", "--model", "missing.py:f"], ["plan", "--hf-config", "nope/config.json"],
+    ["recommend", "--hf-config", "nope.json"], ["train", "--model", "missing.py:f"],
+    ["train", "--model", __file__ + ":f", "--data", "missing.py:g"],
     ["train", "--checkpoint-dir", __file__],  # a file: refused before the plan prints its "auto:" line
     ["bench", "--ops", "foo"], ["bench", "--dtype", "fp9"], ["bench", "--plot", "a.jpg"],
     ["bench", "--calibrate", "--ops", "attention"], ["bench", "--compare", "nosuch.json"],
@@ -152,6 +155,7 @@ def test_a_closed_pipe_exits_quietly_with_141():
 
 def test_debug_internal_error_prints_the_traceback_and_exits_3(capsys, monkeypatch):
     import gpuwise.hardware.catalog as catalog
+    import gpuwise.render  # noqa: F401  (imported here, it would keep the broken load_catalog for later tests)
 
     def broken(*_a, **_k):
         raise ZeroDivisionError("a bug")

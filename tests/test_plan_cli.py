@@ -361,7 +361,7 @@ def test_converting_the_model_in_the_function_gets_the_fix(capsys, tmp_path):
 def test_plot_to_a_folder_is_a_one_line_error_after_the_plan(capsys, tmp_path):
     (tmp_path / "timeline.png").mkdir()
     code, out, err = run(capsys, "plan", *SMALL, "--gpu", "h100", "--plot", str(tmp_path / "timeline.png"))
-    assert code == 2 and "it is a folder" in err and err.count("\n") == 1
+    assert code == 2 and "it is a folder" in err and err.count("\n") == 1, err
     assert "gpuwise plan" in out  # the plan was shown before the picture failed
 
 

@@ -127,7 +127,7 @@ def test_image_task_out_of_the_box(capsys):
     (["--data", "x.py:f"], "--data needs --model"),
     (["--example", "image", "--seq", "32"], "--seq applies to --example text"),
     (["--example", "audio"], "--example 'audio' is not text or image"),
-    (["--model", "nofile.py"], "--model 'nofile.py' is not file.py:function"),
+    (["--model", "nofile.py"], "--model 'nofile.py' names a file but no function"),
     (["--model", "nofile.py:f"], "no such file: nofile.py"),
     (["--sharding", "zero9"], "--sharding 'zero9' is not one of ddp, fsdp"),
     (["--eval-every", "-1"], "--eval-every -1 is negative"),

@@ -1,4 +1,5 @@
-"""Writing files safely: a temporary file in the same folder, then an atomic rename."""
+"""Files the user names and files we write: ``file.py:function`` and config paths checked before torch loads;
+writing safely (a temporary file in the same folder, then an atomic rename)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,36 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpuwise.errors import GpuwiseError
+
+
+def file_function(spec: str, flag: str) -> tuple[Path, str]:
+    """``--model``/``--data`` as ``path/to/file.py:function``: the file (it must exist) and the function's name."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise GpuwiseError(f"{flag} {spec!r} names a file but no function" if spec.endswith(".py") else
+                           f"{flag} {spec!r} is not file.py:function", f"pass {flag} path/to/file.py:function")
+    if not Path(path).is_file():
+        raise GpuwiseError(f"no such file: {path}" if not Path(path).exists() else f"{path} is a folder",
+                           f"pass {flag} path/to/file.py:function")
+    return Path(path), name
+
+
+def hf_config_file(path: str | os.PathLike) -> Path:
+    """``--hf-config``: a config.json, or a folder holding one (as save_pretrained writes it)."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / "config.json"
+    if not target.is_file():
+        raise GpuwiseError(f"no such file: {target}", "pass --hf-config path/to/config.json")
+    return target
+
+
+def model_files(model: str | None, hf_config: str | None) -> None:
+    """Refuse a missing ``--model file.py:function`` or ``--hf-config`` file before anything heavy loads."""
+    if hf_config is not None and not model:
+        hf_config_file(hf_config)
+    elif model and (model.endswith(".py") or ".py:" in model):
+        file_function(model, "--model")
 
 
 @contextlib.contextmanager

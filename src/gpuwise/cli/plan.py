@@ -103,6 +103,7 @@ def plan(
     if gpu is not None and not gpu.strip():
         raise GpuwiseError("--gpu '' names no GPU", "pass a catalog key (gpuwise gpus lists them), or drop --gpu for "
                            "every catalog GPU")
+    from gpuwise.files import model_files
     from gpuwise.planning import Setup  # without torch: the arguments are checked before it loads
 
     training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
@@ -125,6 +126,7 @@ def plan(
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or (tp or 1) * (pp or 1) * (cp or 1),
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
+    model_files(model, hf_config)  # a missing file is refused before torch loads
     from gpuwise.planning.plan import plan_here
 
     result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)

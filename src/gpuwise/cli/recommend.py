@@ -158,6 +158,7 @@ def recommend(
             raise GpuwiseError("--epochs sets the goal, and so do --tokens and --samples", "give one goal")
         samples = epochs * dataset_size
     # Without torch: every argument is checked before the engine (and torch) loads.
+    from gpuwise.files import model_files
     from gpuwise.hardware.calibration import cache_dir, load_calibrations
     from gpuwise.hardware.catalog import load_catalog
     from gpuwise.planning import Setup
@@ -172,6 +173,7 @@ def recommend(
             raise GpuwiseError("goals and filters apply to a workload", "add --model NAME (or --hf-config)")
         _show(guide(catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ))), None, json_out)
         return
+    model_files(model, hf_config)  # a missing file is refused before torch loads
     rent, bought = read_prices(prices, catalog) if prices else ({}, {})
     constraints = Constraints(
         mode="buy" if buy else "rent", budget_usd=budget,

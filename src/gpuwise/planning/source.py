@@ -26,6 +26,7 @@ from torch import nn
 
 from gpuwise.compat import DataDependentOutputException, tree_leaves
 from gpuwise.errors import GpuwiseError, first_line
+from gpuwise.files import file_function
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning import hf_inputs
@@ -752,8 +753,6 @@ def resolve_source(model: str | None, hf_config: str | None) -> ZooSource | File
     if not model:
         raise GpuwiseError("no model to plan", "pass --model NAME (see --list-models) or --model file.py:function")
     if model.endswith(".py") or ".py:" in model:
-        path, _, fn = model.rpartition(":") if ".py:" in model else (model, "", "")
-        if not fn:
-            raise GpuwiseError(f"--model {model} names a file but no function", f"pass --model {model}:function")
-        return FileSource(path=Path(path), function=fn)
+        path, fn = file_function(model, "--model")
+        return FileSource(path=path, function=fn)
     return ZooSource(zoo=get_model(model))

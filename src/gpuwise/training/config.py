@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
+from gpuwise.files import file_function
 from gpuwise.precision import PRECISIONS, Precision
 
 if TYPE_CHECKING:
@@ -199,3 +200,8 @@ class TrainOptions:
             raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
         if self.checkpoint_dir is not None:
             not_a_folder(Path(self.checkpoint_dir))
+        if self.data and not self.model:
+            raise GpuwiseError("--data needs --model", "pass --model file.py:function for the data to train")
+        for flag, spec in (("--model", self.model), ("--data", self.data)):
+            if spec is not None:
+                file_function(spec, flag)  # a missing file is refused before torch loads

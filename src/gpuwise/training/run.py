@@ -107,8 +107,6 @@ def prepare(opts: TrainOptions, ranks: Ranks, machine: LocalMachine) -> Prepared
 def _task(opts: TrainOptions, batch: int, seed: int, cuda: bool):
     from gpuwise.training import tasks
 
-    if opts.data and not opts.model:
-        raise GpuwiseError("--data needs --model", "pass --model file.py:function for the data to train")
     if opts.config.loss != "standard" and (opts.model or opts.example != "text"):
         raise plan_only(f"--loss {opts.config.loss} runs in gpuwise train for --example text (the built-in GPT); "
                         "your model computes its own loss", "drop --loss, or see the plan with gpuwise plan")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gpuwise.errors import GpuwiseError, first_line
+from gpuwise.files import file_function
 from gpuwise.training.data import CharText, DatasetBatches, Fixed, SyntheticImages
 from gpuwise.training.trainer import LossFn, default_loss, model_loss
 
@@ -102,19 +102,12 @@ def image_task(image_size: int, seed: int) -> Task:
                 source=FunctionSource(name="small-cnn", fn=example), unit="samples")
 
 
-def _function(spec: str, flag: str) -> tuple[Path, str]:
-    path, sep, name = spec.rpartition(":")
-    if not sep or not path or not name:
-        raise GpuwiseError(f"{flag} {spec!r} is not file.py:function", f"pass {flag} path/to/file.py:function")
-    return Path(path), name
-
-
 def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, workers: int) -> Task:
     """``function(batch_size)`` returns ``(model, inputs)`` as for ``gpuwise plan``; ``--data``'s function
     returns a Dataset of ``(input, target)`` items (or ``(train, val)`` Datasets)."""
     from gpuwise.planning.source import FileSource, call_model_function
 
-    path, name = _function(model_spec, "--model")
+    path, name = file_function(model_spec, "--model")
     source = FileSource(path=path, function=name)
     fn = _no_exit(source.load, f"importing {path.name}")
 
@@ -127,7 +120,7 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
             _, inputs = build_real(batch)
         data, eval_data = Fixed(inputs), None
     else:
-        data_path, data_name = _function(data_spec, "--data")
+        data_path, data_name = file_function(data_spec, "--data")
         data_fn = _no_exit(FileSource(path=data_path, function=data_name).load, f"importing {data_path.name}")
         try:
             made = _no_exit(data_fn, f"{data_path.name}:{data_name}()")
