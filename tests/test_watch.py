@@ -171,9 +171,14 @@ def test_pid_ends_when_the_process_is_a_zombie_its_parent_has_not_reaped():
 
 def test_ctrl_c_reaches_the_command_and_what_was_recorded_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: None)  # no terminal sent it to the command: forward
+    # a process started in the background (cmd &) ignores SIGINT, and so would the command it starts
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     log = tmp_path / "run.jsonl"
     threading.Timer(0.6, os.kill, (os.getpid(), signal.SIGINT)).start()
-    r = watch(py("import time; time.sleep(20)"), interval_s=0.05, log=log)
+    try:
+        r = watch(py("import time; time.sleep(20)"), interval_s=0.05, log=log)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert r.interrupted and r.exit_code == 130 and r.seconds < 10  # Python dies of SIGINT: 128 + 2
     assert len(r.record.samples) >= 5
     assert read_log(log).samples == r.record.samples  # nothing lost
