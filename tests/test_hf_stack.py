@@ -189,3 +189,31 @@ def test_model_that_moves_itself_while_built_says_so(tmp_path, capsys, monkeypat
     code, _, err = run_cli(capsys, "plan", "--hf-config", str(path), "--task", "infer", "--seq", "16")
     assert code == 2 and err.count("\n") == 1
     assert "moves or converts a module with .to() while it is built" in err and "check model_type" not in err
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"num_hidden_layers": 100_000_000}, "num_hidden_layers 100,000,000 is more blocks than any model has"),
+    ({"architectures": 5}, "architectures 5 is not a list of class names"),
+])
+def test_config_values_that_would_build_for_hours_or_crash_are_one_line(capsys, tmp_path, config, message):
+    """Checked when the file is read: the stack's meta-device build (stack.py) came first and ran for minutes."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                                "intermediate_size": 128, "vocab_size": 100, **config}))
+    code, _, err = run_cli(capsys, "plan", "--hf-config", str(path))
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_pipeline_stage_that_is_not_the_first_blocks_is_one_line(capsys, tmp_path):
+    """MiniMax's linear-attention blocks keep the model's block count: a 2-block stage is not its first 2 (exit 3)."""
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({
+        "model_type": "minimax", "architectures": ["MiniMaxForCausalLM"], "num_hidden_layers": 4, "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 1000, "num_local_experts": 4, "num_experts_per_tok": 2, "block_size": 16,
+        "layer_types": ["linear_attention"] * 4}))
+    code, _, err = run_cli(capsys, "plan", "--hf-config", str(path), "--gpus", "2", "--pp", "2", "--seq", "32",
+                           "--batch", "2")
+    assert code == 2 and "does not build as its first 2 blocks" in err and err.count("\n") == 1, err

@@ -343,6 +343,15 @@ class HFSource:
             raise GpuwiseError(f"{path} is not valid JSON: {exc}", "pass a Hugging Face config.json") from None
         if not isinstance(config, dict) or "model_type" not in config:
             raise GpuwiseError(f"{path} has no model_type", "pass a Hugging Face config.json")
+        archs = config.get("architectures")
+        if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+            raise GpuwiseError(f"{path}: architectures {archs!r} is not a list of class names",
+                               'write e.g. "architectures": ["LlamaForCausalLM"], or drop it')
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):  # before anything is built from it
+            layers = config.get(key)
+            if isinstance(layers, int) and layers > _MAX_LAYERS:
+                raise GpuwiseError(f"{path}: {key} {layers:,} is more blocks than any model has "
+                                   f"(the most gpuwise plans is {_MAX_LAYERS:,})", f"check {key} in config.json")
         return cls(path=path, config=config)
 
     @property
@@ -375,20 +384,22 @@ class HFSource:
         experts, ``experts``)."""
         key = json.dumps(self.config, sort_keys=True, default=str)
         if key not in _SIGNATURES:
-            _SIGNATURES[key] = None
             try:
                 import transformers
             except ImportError:
                 return None
+            self._check_config(transformers)  # an unknown model_type is named before anything is built
             try:
                 with torch.device("meta"), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     config, model = self._model(transformers, self._config_dict())
             except GpuwiseError:
+                _SIGNATURES[key] = None
                 return None  # the capture builds it again and says why
-            _EXPERTS[key] = experts_of(config, model)
             blocks = find_blocks(model)
-            _SIGNATURES[key] = signatures(blocks) if blocks is not None else None
+            sigs = signatures(blocks) if blocks is not None else None
+            _EXPERTS[key] = experts_of(config, model)
+            _SIGNATURES[key] = sigs  # kept only once built: an interrupted build is tried again
         return _SIGNATURES[key]
 
     @property
@@ -467,11 +478,6 @@ class HFSource:
             close = difflib.get_close_matches(str(kind), list(CONFIG_MAPPING_NAMES), n=3, cutoff=0.5)
             raise GpuwiseError(f"{self.path}: model_type {kind!r} is not one transformers {transformers.__version__} "
                                "knows", f"closest: {', '.join(close)}" if close else "check model_type")
-        for key in ("num_hidden_layers", "n_layer", "num_layers"):
-            layers = self.config.get(key)
-            if isinstance(layers, int) and layers > _MAX_LAYERS:
-                raise GpuwiseError(f"{self.path}: {key} {layers:,} is more blocks than any model has "
-                                   f"(the most gpuwise plans is {_MAX_LAYERS:,})", f"check {key} in config.json")
 
     def _config_dict(self) -> dict:
         """config.json less its dtype (the setup decides), a deep copy: transformers' config classes edit nested dicts

@@ -150,7 +150,12 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
             return _assemble(source.name, setup, tokens, groups, stack)
         except (Misaligned, UnevenTargets):
             pass  # not a clean stack of repeated blocks (or LoRA targets only some): capture the whole model
-    return _assemble(source.name, setup, tokens, [_captures(source, setup, whole, batch_model)], None)
+    try:
+        groups = [_captures(source, setup, whole, batch_model)]
+    except Misaligned as exc:  # a pipeline stage built as the model's first blocks is not them
+        raise NotApplicable(f"--pp {setup.pp}: a stage of {source.name} does not build as its first {whole} blocks "
+                            f"({exc})", "plan without --pp") from exc
+    return _assemble(source.name, setup, tokens, groups, None)
 
 
 def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, ...]], stack: Stack | None
@@ -169,7 +174,7 @@ def _assemble(name: str, setup: Setup, tokens: int, groups: list[tuple[Capture, 
     (c2, t2, m2), (c3, t3, m3) = (_timelines(g) for g in groups)
     timeline = extrapolate_blocks(t2, t3, stack)
     model = None
-    if m2 is not None:
+    if m2 is not None and m3 is not None:  # either capture may have no batch model (an MoE's changing ops)
         model = timeline if m2 is t2 and m3 is t3 else extrapolate_blocks(m2, m3, stack)
     k = stack.copies
 
