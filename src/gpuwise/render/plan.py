@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -32,18 +31,7 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
         fit["fits"] = fit["status"] != "no"
     if plan.experts is not None:
         data["experts"]["active"] = plan.experts.active
-    return _finite(data)
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no Infinity or NaN (json.dumps writes them, and strict readers refuse them): such a figure is null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+    return data  # to_jsonable wrote null for a non-finite figure
 
 
 _FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
