@@ -134,3 +134,14 @@ def test_vit_peak_against_memtracker(sweep):
     check = sweep.memtracker_check("image-cls", "vit")
     assert check["measured"] and check["planned"], check
     assert 0.95 < check["ratio"] < 1.15, check
+
+
+def test_an_image_smaller_than_a_patch_is_the_users_mistake(capsys, tmp_path):
+    """It failed on fake tensors as 'an op's fake-tensor rule failed: report it', blaming gpuwise."""
+    pytest.importorskip("transformers")
+    cfg = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128, "image_size": 32,
+           "patch_size": 8, "num_labels": 10}
+    code, out, err = run_cli(capsys, "plan", "--hf-config", _config(tmp_path, cfg), "--image-size", "7")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert "--image-size 7 is smaller than one 8 x 8 patch" in err and "--image-size 8" in err

@@ -56,8 +56,14 @@ def check_input(cls: type | None, arch: str) -> None:
 
 
 def image_size(config: Any, override: int | None) -> tuple[int, int]:
-    """(height, width) of the images: ``--image-size``, else the (vision) config's ``image_size``."""
+    """(height, width) of the images: ``--image-size``, else the (vision) config's ``image_size``. An image smaller
+    than one of the model's patches is the user's mistake, not a step that fails on fake tensors."""
     if override is not None:
+        patch = getattr(_vision(config), "patch_size", None)
+        patch = max(patch) if isinstance(patch, (list, tuple)) and patch else patch
+        if isinstance(patch, int) and not isinstance(patch, bool) and override < patch:
+            raise GpuwiseError(f"--image-size {override} is smaller than one {patch} x {patch} patch of this model",
+                               f"pass --image-size {patch} or more (a multiple of {patch})")
         return override, override
     size = getattr(_vision(config), "image_size", None)
     if isinstance(size, int) and not isinstance(size, bool):
