@@ -29,7 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpuwise.compat import FAKE_TENSOR_LOGGER, DataDependentOutputException, FakeTensorMode, tree_leaves
+from gpuwise.compat import (
+    FAKE_TENSOR_LOGGER,
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    tree_leaves,
+)
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning import parallel
@@ -38,7 +44,7 @@ from gpuwise.planning.compiled import apply_compile
 from gpuwise.planning.float8 import apply_float8
 from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.quantize import quantize_weights
-from gpuwise.planning.routing import ASSUMPTION, BalancedRouting, DynamicOutputShapeException
+from gpuwise.planning.routing import ASSUMPTION, BalancedRouting
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.source import Built
 from gpuwise.planning.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker

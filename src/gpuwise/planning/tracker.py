@@ -250,6 +250,11 @@ _ABSURD_BYTES, _ABSURD_FLOPS = 2**50, 2**60
 _FLOAT_ONLY = (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution)
 
 
+def _run(func, args, kwargs):
+    """Run one op: ``_grouped_mm`` in fp32 too, as CUDA runs it (autocast.py); every other as itself."""
+    return grouped_mm(func, args, kwargs) if func._overloadpacket is aten._grouped_mm else func(*args, **kwargs)
+
+
 def _check_float(func, args) -> None:
     bad = [t for t in args if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex())]
     if bad:
@@ -362,12 +367,11 @@ class Tracker(TorchDispatchMode):
     # --- dispatch -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        run = grouped_mm if func._overloadpacket is aten._grouped_mm else func  # in fp32 too, as CUDA (autocast.py)
         if self.paused:
-            return run(func, args, kwargs) if run is not func else func(*args, **kwargs)
+            return _run(func, args, kwargs)
         if func._overloadpacket in _FLOAT_ONLY:
             _check_float(func, args)
-        out = run(func, args, kwargs) if run is not func else func(*args, **kwargs)
+        out = _run(func, args, kwargs)
         if func._overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu:
             out = (_cuda_attention_layout(out[0]), *out[1:])
         name = func._overloadpacket.__name__
