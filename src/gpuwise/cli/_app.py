@@ -56,6 +56,13 @@ PpOption = Annotated[int | None, typer.Option("--pp", help=(
 SequenceParallelFlag = Annotated[bool, typer.Option("--sequence-parallel", help=(
     "With --tp: norms and the residual stream split along the sequence too, as torchtitan's TP plan runs them."))]
 CpOption = Annotated[int | None, typer.Option("--cp", help="Context-parallel GPUs (ring attention) [1].")]
+EpOption = Annotated[int | None, typer.Option("--ep", help=(
+    "Expert-parallel GPUs for a Mixture-of-Experts model (torchtitan's EP): each holds experts / N of every MoE layer, "
+    "tokens exchanged by all-to-all; borrowed from the data-parallel (and context-parallel) GPUs, so N divides them "
+    "and --gpus is unchanged [1]."))]
+MoeImbalanceOption = Annotated[float | None, typer.Option("--moe-imbalance", help=(
+    "The busiest routed expert's tokens over its balanced share (a capacity factor, 1 to experts / top-k): with "
+    "--ep the plan is the busiest GPU's, its experts' activations and FLOPs grown to match [1.0, balanced]."))]
 NodesOption = Annotated[int | None, typer.Option("--nodes", help=(
     "Nodes the --gpus span, for HSDP: --sharding fsdp shards within a node and replicates across nodes [1]."))]
 OffloadOption = Annotated[str | None, typer.Option("--offload", help=(

@@ -12,11 +12,13 @@ from gpuwise.cli._app import (
     ContextOption,
     CpOption,
     DeviceOption,
+    EpOption,
     JsonFlag,
     LoraDropoutOption,
     LoraRankOption,
     LoraTargetsOption,
     LossOption,
+    MoeImbalanceOption,
     NodesOption,
     OffloadOption,
     OptimizerInBackwardFlag,
@@ -57,7 +59,8 @@ def plan(
                                                          "(torchtitan's op policy: keep every other matmul's output "
                                                          "and attention's).")] = None,
     n_gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs in all: data-parallel x --tp x --pp x --cp "
-                                                                  "[--tp x --pp x --cp].")] = None,
+                                                                  "(--ep borrows from the data-parallel ones) "
+                                                                  "[--tp x --pp x --cp x --ep].")] = None,
     sharding: Annotated[str | None, typer.Option(help="ddp, zero1, zero2 or fsdp (with --gpus > 1).")] = None,
     lora_rank: LoraRankOption = None,
     qlora: QloraFlag = False,
@@ -74,6 +77,8 @@ def plan(
     sequence_parallel: SequenceParallelFlag = False,
     pp: PpOption = None,
     cp: CpOption = None,
+    ep: EpOption = None,
+    moe_imbalance: MoeImbalanceOption = None,
     nodes: NodesOption = None,
     offload: OffloadOption = None,
     gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
@@ -124,7 +129,9 @@ def plan(
     given |= {"compile": compile_blocks or None}
     given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload, "sp": sequence_parallel or None}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
-    setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=n_gpus or (tp or 1) * (pp or 1) * (cp or 1),
+    given |= {"ep": ep, "moe_imbalance": moe_imbalance}
+    gpus = n_gpus or (tp or 1) * (pp or 1) * (cp or 1) * (ep or 1)
+    setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=gpus,
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
     model_files(model, hf_config)  # a missing file is refused before torch loads
     from gpuwise.planning.plan import plan_here

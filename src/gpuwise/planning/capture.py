@@ -230,7 +230,9 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
             raise
         if getattr(source, "experts", None) is None:  # no routed experts: a value read the stand-in cannot answer
             raise
-    return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake, routing=BalancedRouting())
+    skew = setup.moe_imbalance if setup.ep == 1 else 1.0  # under --ep the busiest rank's rows (parallel.py)
+    return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake,
+                   routing=BalancedRouting(skew))
 
 
 def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: str, fake: bool,

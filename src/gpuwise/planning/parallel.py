@@ -30,10 +30,30 @@ inside the fake mode, so the capture records what one rank allocates and compute
   backward passes the K/V chunks around again with their dK/dV accumulators. So attention FLOPs per rank are 1/N
   of the whole causal attention. The model states shard over the data- and context-parallel ranks together
   (torchtitan's ``dp_shard_cp`` mesh: context-parallel ranks hold the same parameters).
+- ``--ep N`` (expert parallelism as torchtitan runs it: ``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
+  the EP mesh borrowed from the data- and context-parallel ranks, dp_shard x cp; DeepSpeed-MoE, Rajbhandari et al.
+  2022; Megatron-LM's ``--expert-model-parallel-size``): each rank holds E / N of every MoE layer's routed experts
+  (their stacked weight tensors cut along the expert dimension), the router, attention and shared experts whole.
+  Its tokens' top-k rows go to the ranks holding their experts in an all-to-all (dispatch) and come back in another
+  (combine). Balanced routing sends each rank as many rows as it sends, tokens x k: its experts' activations and
+  FLOPs are those of the run without EP, their weights, gradients and optimizer states 1/N (and under FSDP they
+  shard over the dp_shard x cp / N ranks left, torchtitan's ``dp_shard_mod_ep``: sharding.py). Modelled as the
+  capture records it (``expert_parallel``): the experts module runs on the tokens it receives (its router's
+  choices mapped onto its E / N experts), and each all-to-all holds its send and receive buffers, tokens x k x
+  hidden each, live together while it runs and freed after (nothing of them is saved for backward: the experts'
+  grouped matmul saves the rows it received, as without EP); backward exchanges the gradients the same way.
+  ``--moe-imbalance F`` (a capacity factor: no expert gets more than F times its balanced share of the routed rows,
+  Fedus et al. 2021 sec. 2.2, GShard's expert capacity): the plan is the busiest rank's, all of whose E / N experts
+  are at that bound, so it receives F x tokens x k rows (at most every rank's, N x tokens x k: min(F, N)), and its
+  experts' activations and FLOPs grow by as much. Without EP one GPU holds every expert and computes every routed
+  row whatever the split (a grouped matmul's memory and FLOPs do not depend on it); only a model that loops over
+  its experts (the routing stand-in of planning/routing.py) sees the busiest expert's F x share in its per-expert
+  buffers.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, replace
 
@@ -71,7 +91,9 @@ def in_flight_micro_batches(setup: Setup) -> int:
 
 
 def check(source, setup: Setup) -> None:
-    """What the model must allow: blocks to split, heads that divide, as many layers as stages. One line each."""
+    """What the model must allow: blocks to split, heads that divide, as many layers as stages, experts to split.
+    One line each."""
+    check_experts(source, setup)
     if not setup.parallel:
         return
     flags = " ".join(f"--{k} {n}" for k, n in (("tp", setup.tp), ("pp", setup.pp), ("cp", setup.cp)) if n > 1)
@@ -111,8 +133,162 @@ def check(source, setup: Setup) -> None:
                                    f"{', '.join(map(str, ok))})")
 
 
+def check_experts(source, setup: Setup) -> None:
+    """--ep and --moe-imbalance against the model's routed experts (source.experts): one line each."""
+    if setup.ep == 1 and setup.moe_imbalance == 1:
+        return
+    experts = getattr(source, "experts", None)
+    flag = f"--ep {setup.ep}" if setup.ep > 1 else f"--moe-imbalance {setup.moe_imbalance:g}"
+    if experts is None:
+        raise GpuwiseError(f"{flag} applies to a Mixture-of-Experts model's routed experts; {source.name} has none",
+                           f"drop {flag.split()[0]}")
+    if experts.experts % setup.ep:
+        fit = [n for n in range(2, experts.experts + 1) if experts.experts % n == 0]
+        raise GpuwiseError(f"--ep {setup.ep} does not divide {source.name}'s {experts.experts} routed experts",
+                           f"pass --ep {', '.join(map(str, fit[:8]))} (its divisors)" if fit else "drop --ep")
+    most = experts.experts / experts.top_k  # every token's top-k on the busiest expert: it gets all the tokens
+    if setup.moe_imbalance > most:
+        raise GpuwiseError(f"--moe-imbalance {setup.moe_imbalance:g} is more than {source.name}'s busiest expert can "
+                           f"get: every token, experts / top-k = {experts.experts} / {experts.top_k} = {most:g} "
+                           "times its balanced share", f"pass --moe-imbalance between 1 and {most:g}")
+
+
+def hot_rank_factor(setup: Setup) -> float:
+    """The routed rows the plan's GPU receives over its balanced tokens x k: with --ep, every one of its experts at
+    --moe-imbalance's bound, but never more than every rank's rows (ep x); without EP one GPU computes them all."""
+    return min(setup.moe_imbalance, setup.ep) if setup.ep > 1 else 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllToAll:
+    """The all-to-alls of one GPU's step under --ep: what they move and how much."""
+
+    moe_layers: int  # MoE layers on the GPU (its pipeline stage's)
+    tokens: int  # the GPU's tokens over the step (every micro-batch)
+    top_k: int
+    hidden: int
+    itemsize: int  # bytes an element, in the dtype the experts take
+    ep: int
+
+    @property
+    def bytes(self) -> int:
+        """Bytes one GPU sends (and receives) over a step, balanced routing:
+
+            2 (dispatch + combine) x 2 (forward + backward) x moe_layers x tokens x top_k x hidden x itemsize
+            x (ep - 1) / ep
+
+        of the rows it sends, the 1/ep whose experts it holds itself stay on the GPU (torchtitan's
+        all_to_all_single hands them to itself)."""
+        return 4 * self.moe_layers * self.tokens * self.top_k * self.hidden * self.itemsize * (self.ep - 1) // self.ep
+
+
+def _routed_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The routed experts modules (source.experts_of's: named ``experts`` or of an ``...Experts`` class), outermost."""
+    found = [(name, m) for name, m in model.named_modules()
+             if name.rsplit(".", 1)[-1] == "experts" or type(m).__name__.endswith("Experts")]
+    return [(n, m) for n, m in found if not any(n.startswith(o + ".") for o, _ in found)]
+
+
+def moe_layers(model: nn.Module) -> int:
+    """The MoE layers of ``model``: modules holding routed experts (JetMoE's two expert linears count once)."""
+    return len({name.rpartition(".")[0] for name, _ in _routed_modules(model)})
+
+
+class _Dispatch(torch.autograd.Function):
+    """The dispatch all-to-all: this rank's ``tokens`` x k rows out, ``rows`` x k in (its send and receive buffers
+    live together, then freed); given to the experts module as the ``rows`` tokens they are. Backward sends the
+    received rows' gradients back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+        ctx.rows, ctx.k, ctx.tokens = rows, k, x.shape[0]
+        send, recv = x.new_empty((x.shape[0] * k, x.shape[1])), x.new_empty((rows * k, x.shape[1]))
+        del send, recv
+        return x.new_empty((rows, x.shape[1]))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        send, recv = grad.new_empty((ctx.rows * ctx.k, grad.shape[1])), grad.new_empty((ctx.tokens * ctx.k,
+                                                                                       grad.shape[1]))
+        del send, recv
+        return grad.new_empty((ctx.tokens, grad.shape[1])), None, None
+
+
+class _Combine(torch.autograd.Function):
+    """The combine all-to-all: the experts' outputs for the ``rows`` x k rows received go back, ``tokens`` x k rows
+    come in; backward sends the output gradients to the experts' ranks."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
+        ctx.rows, ctx.k, ctx.tokens = y.shape[0], k, tokens
+        send, recv = y.new_empty((y.shape[0] * k, y.shape[1])), y.new_empty((tokens * k, y.shape[1]))
+        del send, recv
+        return y.new_empty((tokens, y.shape[1]))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        send, recv = grad.new_empty((ctx.tokens * ctx.k, grad.shape[1])), grad.new_empty((ctx.rows * ctx.k,
+                                                                                         grad.shape[1]))
+        del send, recv
+        return grad.new_empty((ctx.rows, grad.shape[1])), None, None
+
+
+def _takes_router_choice(module: nn.Module) -> bool:
+    """transformers' experts modules called with (hidden_states, top_k_index, top_k_weights)."""
+    try:
+        params = list(inspect.signature(inspect.unwrap(type(module).forward)).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params[1:4] == ["hidden_states", "top_k_index", "top_k_weights"]
+
+
+def expert_parallel(model: nn.Module, setup: Setup) -> None:
+    """One rank of ``setup.ep``-way expert parallelism, in place (module docstring): every routed experts module
+    holds E / ep of its E experts and runs between a dispatch and a combine all-to-all."""
+    ep, factor = setup.ep, hot_rank_factor(setup)
+    routed = _routed_modules(model)
+    for name, module in routed:
+        experts = getattr(module, "num_experts", None)
+        if not _takes_router_choice(module) or not isinstance(experts, int) or experts % ep:
+            raise GpuwiseError(f"--ep {ep}: {type(module).__name__} ({name}) is not an experts module the planner "
+                               "can split (transformers' stacked experts, called with the router's top-k choice)",
+                               "drop --ep")
+        local = experts // ep
+        for pname, p in list(module.named_parameters()):
+            if p.dim() == 0 or p.shape[0] % experts:
+                raise GpuwiseError(f"--ep {ep}: {name}.{pname} {tuple(p.shape)} is not stacked along its "
+                                   f"{experts} experts", "drop --ep")
+            owner, _, leaf = pname.rpartition(".")
+            new = nn.Parameter(torch.empty((p.shape[0] // experts * local, *p.shape[1:]), dtype=p.dtype,
+                                           device=p.device), requires_grad=p.requires_grad)
+            setattr(module.get_submodule(owner) if owner else module, leaf, new)
+        for sub in module.modules():  # the experts' own count (histc's bins, the loop over those hit)
+            for attr in ("num_experts", "moe_num_experts"):
+                if getattr(sub, attr, None) == experts:
+                    setattr(sub, attr, local)
+        inner = module.forward
+
+        def forward(hidden_states, top_k_index, top_k_weights, *args, _inner=inner, _local=local, **kwargs):
+            shape, k = hidden_states.shape, top_k_index.shape[-1]
+            x = hidden_states.reshape(-1, shape[-1])
+            tokens = x.shape[0]
+            rows = max(1, round(tokens * factor))
+            index, weights = top_k_index.reshape(tokens, k) % _local, top_k_weights.reshape(tokens, k)
+            if rows != tokens:  # the busiest rank's rows: this rank's routing, repeated
+                copies = -(-rows // tokens)
+                index, weights = index.repeat(copies, 1)[:rows], weights.repeat(copies, 1)[:rows]
+            out = _inner(_Dispatch.apply(x, rows, k), index, weights, *args, **kwargs)
+            return _Combine.apply(out.reshape(rows, shape[-1]), tokens, k).reshape(shape)
+
+        module.forward = forward
+    if not routed:
+        raise GpuwiseError(f"--ep {ep}: no routed experts found in {type(model).__name__}", "drop --ep")
+
+
 def rank_step(built, setup: Setup):
     """``built`` (a source's Built, inside the fake mode) cut to what one GPU of ``setup`` runs."""
+    if setup.ep > 1:
+        expert_parallel(built.model, setup)
     if setup.tp > 1:
         shard_tensor_parallel(built.model, setup.tp)
         if setup.sp:
@@ -389,6 +565,7 @@ class Layout:
     host_bytes: int  # host memory per GPU for the offloaded state
     host_bytes_per_node: int | None  # with --nodes: host_bytes x the GPUs of one node
     sharding: str = "ddp"  # how the model states are split over the shard_gpus (--sharding)
+    ep: int = 1  # expert-parallel degree: each GPU holds experts / ep of every MoE layer's routed experts
 
 
 def layout(setup: Setup, n_layer: int | None, host_bytes: int) -> Layout:
@@ -397,7 +574,7 @@ def layout(setup: Setup, n_layer: int | None, host_bytes: int) -> Layout:
                   shard_gpus=setup.shard_gpus, stage=setup.stage if setup.pp > 1 else None,
                   stage_layers=stage_layers(n_layer, setup) if setup.pp > 1 and n_layer else None,
                   in_flight=in_flight_micro_batches(setup), bubble=setup.pipeline_bubble,
-                  offload=setup.offload, host_bytes=host_bytes, sharding=setup.sharding,
+                  offload=setup.offload, host_bytes=host_bytes, sharding=setup.sharding, ep=setup.ep,
                   host_bytes_per_node=None if per_node is None else host_bytes * per_node)
 
 

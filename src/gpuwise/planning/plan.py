@@ -16,7 +16,7 @@ from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
-from gpuwise.planning.parallel import Layout, layout
+from gpuwise.planning.parallel import AllToAll, Layout, hot_rank_factor, layout, stage_layers
 from gpuwise.planning.remedies import Remedy, remedies
 from gpuwise.planning.serving import DecodeRead
 from gpuwise.planning.setup import Setup
@@ -64,6 +64,7 @@ class MemoryPlan:
     decode: DecodeRead | None = None  # --task decode: what one step reads (each GPU's token floor is in gpus)
     experts: Experts | None = None  # a Mixture-of-Experts model's routed experts: total and active parameters
     routing: str | None = None  # how the routed tokens were split among the experts (planning/routing.py)
+    all_to_all: AllToAll | None = None  # --ep: what one GPU's all-to-alls move over a step (parallel.AllToAll)
 
 
 class Planner:
@@ -132,7 +133,7 @@ def accumulation_peak(setup: Setup, live: np.ndarray, phases: tuple[str, ...]) -
 
 def _layout(step: PerGpu, n_layer: int | None) -> Layout | None:
     s = step.setup
-    if not (s.parallel or s.nodes > 1 or s.offload != "none"):
+    if not (s.parallel or s.ep > 1 or s.nodes > 1 or s.offload != "none"):
         return None
     return layout(s, n_layer, step.host_bytes)
 
@@ -179,18 +180,49 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
         decode=DecodeRead.of(step) if setup.task == "decode" else None,
-        experts=experts, routing=_routing(w, experts),
+        experts=experts, routing=_routing(w, experts, setup),
+        all_to_all=_all_to_all(step, experts, source.n_layer),
     )
 
 
-def _routing(w, experts: Experts | None) -> str | None:
+def _routing(w, experts: Experts | None, setup: Setup) -> str | None:
     """The routing assumption the plan rests on: the balanced stand-in where the model read the router's choice,
-    else none is needed (grouped and batched expert matmuls cost the same for any split of the routed tokens)."""
+    else none is needed (grouped and batched expert matmuls cost the same for any split of the routed tokens);
+    under --ep, balanced across the ranks; and what --moe-imbalance changed (parallel.py's docstring)."""
     stand_in = next((c.routing for group in w.captures for c in group if c.routing), None)
-    if stand_in or experts is None:
+    if experts is None:
         return stand_in
-    return (f"any split: each token's top-{experts.top_k} of {experts.experts} experts run as one grouped matmul, "
+    f, ep = setup.moe_imbalance, setup.ep
+    if ep > 1:
+        text = (f"{'balanced' if f == 1 else 'imbalanced'} across {ep} expert-parallel GPUs: each holds "
+                f"{experts.experts // ep} of {experts.experts} experts")
+        if f == 1:
+            return text + (f" and receives as many routed rows as it sends, tokens x top-{experts.top_k} (its "
+                           "experts' activations and FLOPs as without EP)")
+        rank = hot_rank_factor(setup)
+        return text + (f"; the busiest GPU's experts each get {f:g}x their balanced share (--moe-imbalance, a "
+                       f"capacity factor), so it receives {rank:g}x tokens x top-{experts.top_k} rows (at most "
+                       f"every GPU's, {ep}x): its experts' activations and FLOPs {rank:g}x, the plan's")
+    if stand_in:
+        return stand_in + ("" if f == 1 else f"; the busiest expert gets {f:g}x its share (--moe-imbalance), the "
+                           "rest share what is left")
+    text = (f"any split: each token's top-{experts.top_k} of {experts.experts} experts run as one grouped matmul, "
             "whose memory and FLOPs do not depend on which experts")
+    return text + ("" if f == 1 else f"; --moe-imbalance {f:g} changes nothing on one GPU holding every expert")
+
+
+def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None) -> AllToAll | None:
+    """--ep: what one GPU sends over a step in the all-to-alls of its MoE layers (parallel.AllToAll),
+    in the dtype the experts take (the captured residual stream's: fp32 under autocast over fp32 weights, 16-bit
+    where the step computes with 16-bit parameters, as sharded runs do)."""
+    s, w = step.setup, step.workload
+    if experts is None or s.ep == 1:
+        return None
+    layers = experts.layers
+    if s.pp > 1 and n_layer:  # the plan's stage holds its blocks' share
+        layers = layers * stage_layers(n_layer, s) // n_layer
+    return AllToAll(moe_layers=layers, tokens=w.tokens_per_step, top_k=experts.top_k, hidden=experts.hidden,
+                    itemsize=w.setup.weight_dtype.itemsize, ep=s.ep)
 
 
 def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,

@@ -130,6 +130,8 @@ def fsdp(s: Setup, gpu: Gpu) -> Setup | None:
         return None
     best: tuple[Setup, GpuFit] | None = None
     for n in FSDP_GPUS:  # data-parallel GPUs, each a --tp x --pp x --cp group
+        if n * s.cp % s.ep:  # --ep borrows from the data- and context-parallel GPUs: it must divide them
+            continue
         per_gpu = max(s.batch // n, 1)
         sharded = replace(s, gpus=n * s.tp * s.pp * s.cp, sharding="fsdp")
         try:
@@ -152,13 +154,14 @@ def _adapter_precision(s: Setup) -> str:
     return "bf16-mixed" if s.spec.float8 else s.precision
 
 
-def lora(s: Setup, gpu: Gpu) -> Setup | None:
-    return replace(s, task="finetune-lora", precision=_adapter_precision(s)) if s.task == "train" else None
+def lora(s: Setup, gpu: Gpu) -> Setup | None:  # not under --ep: expert parallelism is planned for full training
+    return replace(s, task="finetune-lora", precision=_adapter_precision(s)) if s.task == "train" and s.ep == 1 \
+        else None
 
 
 def qlora(s: Setup, gpu: Gpu) -> Setup | None:
-    return (replace(s, task="finetune-lora", qlora=True, precision=_adapter_precision(s)) if s.task == "train"
-            else None)
+    return (replace(s, task="finetune-lora", qlora=True, precision=_adapter_precision(s))
+            if s.task == "train" and s.ep == 1 else None)
 
 
 def quantized_weights(s: Setup, gpu: Gpu) -> Setup | None:

@@ -34,11 +34,24 @@ _FACTORIES = frozenset({"zeros", "ones", "full", "arange", "scalar_tensor", "zer
 aten = torch.ops.aten
 
 
-def balanced_topk(shape: torch.Size, dim: int, experts: int) -> torch.Tensor:
-    """Indices of shape ``shape`` (the k choices along ``dim``), row r's j-th being (r k + j) mod ``experts``."""
+def balanced_topk(shape: torch.Size, dim: int, experts: int, imbalance: float = 1.0) -> torch.Tensor:
+    """Indices of shape ``shape`` (the k choices along ``dim``), row r's j-th being (r k + j) mod ``experts``.
+
+    ``imbalance`` F > 1 (--moe-imbalance): expert 0 is the first choice of the first round(F x rows x k / experts)
+    rows (F times its balanced share, at most every row), and the other choices go round the other experts, which
+    share what is left evenly; a row's choices stay distinct."""
     dim = dim % len(shape) if len(shape) else 0
     moved = (*shape[:dim], *shape[dim + 1:], shape[dim]) if len(shape) else (1,)
     flat = torch.arange(int(torch.Size(moved).numel()), dtype=torch.int64) % max(experts, 1)
+    k = moved[-1]
+    if imbalance > 1 and experts > k and flat.numel():
+        rows = flat.numel() // k
+        hot = min(rows, round(imbalance * rows * k / experts))
+        grid = torch.ones((rows, k), dtype=torch.bool)
+        grid[:hot, 0] = False  # expert 0's slots
+        flat = torch.zeros((rows, k), dtype=torch.int64)
+        flat[grid] = 1 + torch.arange(int(grid.sum())) % (experts - 1)
+        flat = flat.flatten()
     return flat.view(moved).movedim(-1, dim) if len(shape) else flat.view(())
 
 
@@ -46,8 +59,9 @@ class BalancedRouting(TorchDispatchMode):
     """Under a FakeTensorMode: give ``topk`` concrete balanced indices and carry them through the ops that follow, so
     that ops reading values (``nonzero``, ``_local_scalar_dense``) answer. ``used`` tells whether any did."""
 
-    def __init__(self) -> None:
+    def __init__(self, imbalance: float = 1.0) -> None:
         super().__init__()
+        self.imbalance = imbalance  # --moe-imbalance: the busiest expert's share over the balanced one
         # id(fake tensor) -> (weak ref to it, its concrete twin, derived from a routing choice); keyed by id, as a
         # tensor's == is elementwise
         self._twins: dict[int, tuple[weakref.ref, torch.Tensor, bool]] = {}
@@ -97,7 +111,7 @@ class BalancedRouting(TorchDispatchMode):
             dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
             experts = args[0].shape[dim] if args[0].dim() else 1
             with _disable_current_modes():
-                self._set(out[1], balanced_topk(out[1].shape, dim, experts), True)
+                self._set(out[1], balanced_topk(out[1].shape, dim, experts, self.imbalance), True)
         elif known and (routing or all(t.numel() <= _SMALL for t in outs)):
             self._pair(out, self._run(func, args, kwargs), routing)
         elif name in _FACTORIES and len(outs) == 1 and outs[0].numel() <= _SMALL:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -88,6 +89,11 @@ class Setup:
     tp: int = 1  # tensor parallel: Megatron's column/row-parallel block, heads and vocabulary split tp ways
     pp: int = 1  # pipeline parallel, 1F1B: each stage holds layers / pp blocks, stage i keeps pp - i micro-batches
     cp: int = 1  # context parallel: ring attention over the sequence split cp ways
+    # expert parallel (torchtitan's EP): the routed experts split ep ways over the data- and context-parallel ranks
+    # (ep divides dp_shard x cp; --gpus is unchanged), tokens exchanged by all-to-all (planning/parallel.py)
+    ep: int = 1
+    # the busiest expert's routed tokens over its balanced share (a capacity factor, Switch Transformer sec. 2.2)
+    moe_imbalance: float = 1.0
     sp: bool = False  # sequence parallel with --tp: norms and the residual stream split along the sequence too
     nodes: int = 1  # HSDP: --sharding fsdp shards within each node and replicates across nodes
     offload: Offload = "none"  # model states in host memory: the optimizer's (ZeRO-Offload), or all (FSDP2)
@@ -200,6 +206,7 @@ class Setup:
                                f"{self.task}", "for serving a model that does not fit one GPU use --weights int8|nf4, "
                                "or gpuwise recommend --serve")
         data_parallel(self.gpus, self.tp, self.pp, self.cp)
+        self._check_experts()
         if self.sp and self.tp == 1:
             raise GpuwiseError("--sequence-parallel splits the sequence over the --tp group", "add --tp N")
         if self.stage is not None and not 0 <= self.stage < self.pp:
@@ -230,6 +237,28 @@ class Setup:
                 raise GpuwiseError(f"--offload {self.offload} runs the optimizer step on the host (DeepSpeed's CPU "
                                    f"Adam, FSDP2's CPU step), where bitsandbytes' {self.optimizer} cannot run",
                                    "pass --optimizer adamw, or drop --offload")
+
+    def _check_experts(self) -> None:
+        """--ep and --moe-imbalance, as far as the setup alone can tell (the model's experts: parallel.check)."""
+        _positive("ep", self.ep, 1 << 12)
+        f = self.moe_imbalance
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 1:
+            raise GpuwiseError(f"--moe-imbalance {f} is not a finite number of at least 1 (the busiest expert's "
+                               "tokens over its balanced share)", "pass e.g. --moe-imbalance 1.25, or drop it")
+        if self.ep == 1:
+            return
+        if self.task != "train":
+            raise GpuwiseError(f"--ep {self.ep}: expert parallelism is planned for --task train, not --task "
+                               f"{self.task}", "drop --ep" + (" (LoRA freezes the experts)"
+                                                              if self.task == "finetune-lora" else ""))
+        group = self.dp // self.nodes * self.cp  # torchtitan: ep divides dp_shard x cp
+        if group % self.ep:
+            fit = [m for m in range(2, group + 1) if group % m == 0]
+            raise GpuwiseError(f"--ep {self.ep} does not divide the {group} data-parallel"
+                               + (" x context-parallel" if self.cp > 1 else "") + " GPUs it borrows"
+                               + (" (within a node under --nodes)" if self.nodes > 1 else ""),
+                               f"pass --ep {' or '.join(map(str, fit[:4]))}" if fit
+                               else "add --gpus: expert parallelism splits the data-parallel GPUs")
 
     @property
     def dp(self) -> int:
@@ -355,15 +384,18 @@ class Setup:
             hsdp = f" (HSDP: {self.nodes} nodes x {self.shard_gpus})" if self.nodes > 1 else ""
             model = [f"{k} {n}" + (" (+sp)" if k == "tp" and self.sp else "")
                      for k, n in (("tp", self.tp), ("pp", self.pp), ("cp", self.cp)) if n > 1]
+            ep = f" (ep {self.ep})" if self.ep > 1 else ""
             if not model:  # data parallel only: "8 GPUs fsdp"
-                parts.append(f"{self.gpus} GPUs {self.sharding}{hsdp}")
+                parts.append(f"{self.gpus} GPUs {self.sharding}{hsdp}{ep}")
             else:  # "16 GPUs: fsdp 2 x tp 8"
                 data = [f"{self.sharding} {self.dp}{hsdp}"] if self.dp > 1 else []
                 over_cp = self.dp == 1 and self.sharding != "ddp" and self.cp > 1  # states sharded over the cp ranks
                 parts.append(f"{self.gpus} GPUs: " + " x ".join(data + model)
-                             + (f", {self.sharding} over the {self.cp} cp ranks" if over_cp else ""))
+                             + (f", {self.sharding} over the {self.cp} cp ranks" if over_cp else "") + ep)
         if self.offload != "none":
             parts.append(f"{self.offload} offloaded to the host")
+        if self.moe_imbalance != 1:
+            parts.append(f"MoE imbalance {self.moe_imbalance:g}")
         if self.compile:
             parts.append("compiled blocks")
         if self.loss != "standard":

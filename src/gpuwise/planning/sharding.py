@@ -36,6 +36,13 @@ HSDP (``--nodes M`` with fsdp): the states shard over the GPUs of one node's dat
 (``Setup.shard_gpus``) and are replicated across nodes: per GPU what FSDP over that group holds.
 Tensor, pipeline and context parallelism change the capture itself (planning/parallel.py); the
 data-parallel degree is what is left, ``gpus / (tp x pp x cp)``.
+Expert parallelism (``--ep``) changes the capture too: the GPU holds E / ep of the routed experts (parallel.py).
+Their states then shard over the ``shard_gpus / ep`` ranks of torchtitan's ``dp_shard_mod_ep`` mesh, the others'
+over all ``shard_gpus`` (``dp_shard_cp``): with Pn the captured non-expert parameters and Pe the captured
+expert ones (``Workload.expert_params``), each state column, a sum over both in proportion to their parameters,
+divides by ``shard_gpus x (Pn + Pe) / (Pn + ep Pe)`` (``state_divisor``): per GPU Pn / N + Pe / (N / ep), i.e. the
+whole model's states over N as without EP (EP saves the experts' all-gathers, not their shards). DDP replicates
+what the GPU holds; DDP's buckets and FSDP's gathered blocks are of the captured (E / ep) experts.
 """
 
 from __future__ import annotations
@@ -59,17 +66,28 @@ def capture_setup(setup: Setup) -> Setup:
     (tensor, pipeline and context parallelism stay: they change what the GPU runs). A sharded or offloaded mixed
     step computes with 16-bit parameters: captured as pure bf16, fp16-mixed too (the same bytes; the run's setup,
     not this one, picks the catalog rate in the cost model)."""
-    one = replace(setup, gpus=setup.tp * setup.pp * setup.cp, sharding="ddp", nodes=1, offload="none")
+    # --ep stays (the GPU holds E / ep experts), with the ep data-parallel ranks it borrows
+    one = replace(setup, gpus=setup.tp * setup.pp * setup.cp * setup.ep, sharding="ddp", nodes=1, offload="none")
     if (setup.sharding != "ddp" or setup.offload != "none") and setup.mixed:  # fp8: its linears in fp8 still
         return replace(one, precision="fp8-bf16" if setup.spec.float8 else "bf16")
     return one
 
 
-def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int, block_trainable_params: int
-          ) -> tuple[Timeline, int]:
-    """The timeline one GPU of ``setup`` sees under ``setup.sharding`` and ``setup.offload`` (``tl`` from
-    ``capture_setup``), and the host memory that GPU's process holds for it (bytes)."""
+def state_divisor(setup: Setup, params: int, expert_params: int) -> float:
+    """What a sharded state column divides by: ``shard_gpus``, less where --ep leaves the experts' states fewer ranks
+    to shard over (module docstring): ``shard_gpus x (Pn + Pe) / (Pn + ep Pe)``."""
     n = setup.shard_gpus
+    if setup.ep == 1 or not expert_params:
+        return n
+    return n * params / (params - expert_params + setup.ep * expert_params)
+
+
+def shard(tl: Timeline, setup: Setup, *, trainable_params: int, block_bytes: int, block_trainable_params: int,
+          params: int = 0, expert_params: int = 0) -> tuple[Timeline, int]:
+    """The timeline one GPU of ``setup`` sees under ``setup.sharding`` and ``setup.offload`` (``tl`` from
+    ``capture_setup``), and the host memory that GPU's process holds for it (bytes). ``params`` and ``expert_params``
+    (the captured GPU's, all and routed experts') matter under --ep only."""
+    n = state_divisor(setup, params, expert_params)
     mode = setup.sharding
     if setup.offload == "optimizer" and mode == "ddp":
         mode = "zero2"  # ZeRO-Offload on one GPU: DeepSpeed's stage 2 over one rank
@@ -157,7 +175,7 @@ def per_gpu(w: Workload, setup: Setup) -> PerGpu:
     def sharded(tl: Timeline) -> tuple[Timeline, int]:
         tl = in_flight(tl, setup)
         return shard(tl, setup, trainable_params=w.trainable_params, block_bytes=w.block_bytes,
-                     block_trainable_params=w.block_trainable_params)
+                     block_trainable_params=w.block_trainable_params, params=w.params, expert_params=w.expert_params)
 
     timeline, host = sharded(w.timeline)
     live = timeline.live(setup.micro_batch)

@@ -58,6 +58,8 @@ class Experts:
     top_k: int  # routed experts per token
     params: int  # all routed experts' parameters, every layer
     total: int  # the whole model's parameters
+    layers: int = 0  # MoE layers (blocks holding routed experts): what --ep's all-to-alls run in
+    hidden: int = 0  # the width of the tokens the experts take (the input embedding's): what the all-to-alls move
 
     @property
     def active(self) -> int:
@@ -88,8 +90,12 @@ def experts_of(config: Any, model: nn.Module) -> Experts | None:
                     found[kind] = value
     if len(found) < 2 or found["top_k"] > found["experts"]:
         return None
+    outer = [name for name in routed if not any(name.startswith(o + ".") for o in routed)]
+    emb = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
     return Experts(experts=found["experts"], top_k=found["top_k"], params=params,
-                   total=sum(p.numel() for p in model.parameters()))
+                   total=sum(p.numel() for p in model.parameters()),
+                   layers=len({name.rpartition(".")[0] for name in outer}),
+                   hidden=getattr(emb, "embedding_dim", 0) if isinstance(emb, nn.Embedding) else 0)
 
 
 @dataclass(frozen=True, kw_only=True)

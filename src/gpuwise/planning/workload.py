@@ -41,6 +41,9 @@ class Workload:
     stack: Stack | None = None  # the stack the small captures were scaled to
     paged_bytes: int = 0  # optimizer state in paged memory (counted in the timeline's optimizer column too)
     embeddings: tuple[tuple[int, int], ...] = ()  # (rows, bytes a row) of the untied embeddings (Capture.embeddings)
+    # routed-expert parameters among ``params`` (E / ep of each MoE layer's under --ep): sharding.py shards them over
+    # the shard_gpus / ep ranks left, torchtitan's dp_shard_mod_ep
+    expert_params: int = 0
 
     def at(self, micro_batch: int, grad_accum: int) -> Workload | None:
         """The workload of this step at ``micro_batch`` x ``grad_accum`` without capturing it again: every live
@@ -65,7 +68,8 @@ class Workload:
                         return None
                     group = (capture_at(a, b, micro_batch), capture_at(a, b, micro_batch + 1))
                 groups.append(tuple((c.first_pass() if held == 1 else c).reweighed(grad_accum) for c in group))
-            return _assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.stack)
+            return replace(_assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.stack),
+                           expert_params=self.expert_params)
         except Misaligned:
             return None
 
@@ -137,6 +141,17 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     """``simulate`` for a setup the planner chose (a remedy): one the model cannot take raises NotApplicable."""
     source.check(setup)
     parallel.check(source, setup)
+    w = _simulate(source, setup, batch_model)
+    experts = getattr(source, "experts", None)
+    if experts is None:
+        return w
+    share = experts.params
+    if setup.pp > 1:  # a pipeline stage holds its blocks' share (its blocks are all alike: HFSource.check)
+        share = share * parallel.stage_layers(source.n_layer, setup) // source.n_layer
+    return replace(w, expert_params=share // setup.ep)
+
+
+def _simulate(source, setup: Setup, batch_model: bool) -> Workload:
     n_layer = source.n_layer
     whole = None  # the blocks a whole-model capture builds: the model's own, or a pipeline stage's
     if n_layer is not None and setup.pp > 1:

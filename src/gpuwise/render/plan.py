@@ -31,6 +31,8 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
         fit["fits"] = fit["status"] != "no"
     if plan.experts is not None:
         data["experts"]["active"] = plan.experts.active
+    if plan.all_to_all is not None:
+        data["all_to_all"]["bytes"] = plan.all_to_all.bytes
     return data  # to_jsonable wrote null for a non-finite figure
 
 
@@ -53,9 +55,16 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
         e = plan.experts
         head.add_row("experts", f"{_count(e.active)} active per token of {_count(e.total)} (top-{e.top_k} of "
                      f"{e.experts} routed experts, {_count(e.params)} of expert weights; embeddings, attention and "
-                     "shared experts counted, as model cards do)")
+                     "shared experts counted, as model cards do)"
+                     + (f"; {e.experts // s.ep} experts a layer on each GPU (--ep {s.ep})" if s.ep > 1 else ""))
     if plan.routing is not None:
         head.add_row("routing", plan.routing)
+    if plan.all_to_all is not None:
+        a = plan.all_to_all
+        head.add_row("all-to-all", f"{human_bytes(a.bytes)} sent per GPU per step, as much received: 2 (dispatch, "
+                     f"combine) x 2 (forward, backward) x {a.moe_layers} MoE layers x {a.tokens:,} tokens x top-"
+                     f"{a.top_k} x hidden {a.hidden} x {a.itemsize} B x ({a.ep} - 1) / {a.ep}; the send and receive "
+                     "buffers are in the memory while each exchange runs")
     per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
     head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
@@ -185,6 +194,13 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
     parts += [f"{n} {what}" for what, n in (("tensor-parallel", lay.tp), ("pipeline stages", lay.pp),
                                             ("context-parallel", lay.cp)) if n > 1]
     text = " x ".join(parts)
+    if lay.ep > 1:
+        text += (f"; experts split {lay.ep} ways over the data-parallel{' and context-parallel' if lay.cp > 1 else ''}"
+                 f" GPUs (--ep {lay.ep}): their states shard over {lay.shard_gpus // lay.ep} GPU"
+                 f"{'s' if lay.shard_gpus // lay.ep > 1 else ''} under {lay.sharding}, the rest over "
+                 f"{lay.shard_gpus}" if lay.sharding != "ddp" else
+                 f"; experts split {lay.ep} ways over the data-parallel GPUs (--ep {lay.ep}), replicated "
+                 f"{lay.shard_gpus // lay.ep} times")
     if lay.cp > 1:
         text += f"; each GPU holds 1/{lay.cp} of every sequence (ring attention passes the K/V chunks round)"
         if lay.sharding != "ddp" and lay.nodes == 1:
@@ -193,7 +209,7 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
     if lay.nodes > 1:
         text += (f"; HSDP: states sharded over {lay.shard_gpus} GPU{'s' if lay.shard_gpus > 1 else ''} in each of "
                  f"{lay.nodes} nodes, replicated across")
-    if lay.tp > 1 or lay.pp > 1:
+    if lay.tp > 1 or lay.pp > 1 or lay.ep > 1:
         text += "; parameters and memory are one GPU's (heads, MLP and vocabulary split --tp ways)" if lay.tp > 1 \
             else "; parameters and memory are one GPU's"
     head.add_row("parallel", text)
