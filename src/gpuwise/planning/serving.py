@@ -8,6 +8,11 @@ longer. KV(S) = 2 x layers x kv_heads x head_dim x S x bytes (PagedAttention §3
 rate (fitted below), ``decode_floor`` feeds it what a captured step reads (``gpuwise plan --task decode``) at the
 datasheet's figures, for the per-token floor the plan prints.
 
+A Mixture of Experts holds every expert in memory but a step reads only the experts its tokens are routed to
+(``moe_weights_read``): at batch 1 the active weights (the dense ones and ``top_k`` of ``E`` experts a MoE layer),
+at batch B the experts B tokens touch, ``E (1 - (1 - k/E)^B)`` a layer in expectation under uniform routing, so a
+full batch reads (nearly) all of them. Its FLOPs stay ``2 x N_active`` a token at any batch.
+
 >>> kv_bytes_per_token(layers=32, kv_heads=32, head_dim=128)    # Llama-2-7B, fp16 cache
 524288
 """
@@ -67,6 +72,7 @@ class DecodeTime:
     ttft_s: float  # prefill of the prompt, plus one step
     bound: str  # "memory" or "compute"
     basis: str
+    weight_bytes_read: float = 0.0  # by one step: every weight of a dense model, the experts routed to of a MoE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,6 +145,48 @@ def bytes_per_weight(quant: str) -> float:
     return WEIGHT_BYTES[quant]
 
 
+# The routing the decode model assumes for a Mixture of Experts (moe_weights_read)
+UNIFORM_ROUTING = ("uniform routing: each token picks its top-k of the E experts of a MoE layer, every expert as "
+                   "likely (the balanced load the auxiliary loss trains for: Fedus et al. 2021, Switch Transformer "
+                   "§2.2), independently of the other tokens")
+
+
+def experts_touched(experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts of one MoE layer that ``tokens`` tokens are routed to, under uniform routing: a
+    token picks ``top_k`` of ``experts``, so it misses a given expert with probability ``1 - k/E``, and ``B``
+    independent tokens all miss it with ``(1 - k/E)^B``: ``E (1 - (1 - k/E)^B)`` (the occupancy expectation).
+
+    >>> experts_touched(8, 2, 1), round(experts_touched(8, 2, 16), 2)    # Mixtral: 2 at batch 1, ~all at 16
+    (2.0, 7.92)
+    """
+    _positive(experts=experts, top_k=top_k, tokens=tokens)
+    if top_k > experts:
+        raise GpuwiseError(f"top_k {top_k} is more than experts {experts}", "pass top_k <= experts")
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def moe_weights_read(params: float, active_params: float, *, experts: int, top_k: int, tokens: int) -> float:
+    """Parameters one forward of ``tokens`` tokens reads (a decode step at batch B reads B tokens, a prefill its
+    prompt), under uniform routing (``UNIFORM_ROUTING``): the dense ones (attention, norms, routers, shared experts,
+    embeddings) and the routed experts touched, ``experts_touched / E`` of the routed ``R``. Mixtral-style counts
+    give ``R`` from the total and the active: ``N - N_active = R (E - k) / E`` (source.Experts.active), so
+
+        read(B) = N - R (1 - k/E)^B = N - (N - N_active) (1 - k/E)^(B - 1)
+
+    N_active at batch 1, N as B grows (Mixtral, 46.7 B / 12.9 B: 21.4 B at batch 2, 46.2 B at batch 16).
+    All MoE layers alike (the same E and k: every MoE model transformers ships).
+
+    >>> round(moe_weights_read(46.7e9, 12.9e9, experts=8, top_k=2, tokens=2) / 1e9, 2)
+    21.35
+    """
+    _positive(params=params, active_params=active_params, tokens=tokens)
+    if active_params > params:
+        raise GpuwiseError(f"active_params {active_params:g} is more than params {params:g}", "pass active <= total")
+    if experts_touched(experts, top_k, 1) == experts:  # k = E: every expert runs for every token (dense)
+        return params
+    return params - (params - active_params) * (1 - top_k / experts) ** (tokens - 1)
+
+
 def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, kv_bytes: float = 2) -> int:
     """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes."""
     _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes)
@@ -176,12 +224,19 @@ def _rate(acc: Accelerator, calibration: Calibration | None, quant: str | None =
 
 
 def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, head_dim: int,
-                active_params: float | None = None, heads: int | None = None, weight_bytes: float | None = None,
+                active_params: float | None = None, experts: int | None = None, top_k: int | None = None,
+                heads: int | None = None, weight_bytes: float | None = None,
                 quant: str = "bf16", kv_bytes: float = 2, batch: int = 1, context: int = 1024,
                 prompt_tokens: int = 0, calibration: Calibration | None = None) -> DecodeTime | None:
     """Decode speed of one replica on ``acc``. ``weight_bytes`` (a checkpoint's size) wins over ``params`` x the
-    quantisation's bytes; ``active_params`` for a mixture of experts; ``heads`` the query heads (default kv_heads).
-    None: the GPU has no bandwidth figure.
+    quantisation's bytes; ``heads`` the query heads (default kv_heads). None: the GPU has no bandwidth figure.
+
+    A mixture of experts: ``active_params`` (per token), with ``experts`` and ``top_k`` (E routed experts a MoE
+    layer, k a token). A step at batch B then reads ``moe_weights_read`` of the parameters (the active ones at
+    batch 1, nearly all at a large batch; uniform routing), the prefill of P prompt tokens reads those P tokens
+    touch (nearly all), and both compute ``2 x N_active`` FLOPs a token. The bytes are the weights' share by
+    parameter count (exact where every weight is stored alike). Without ``experts`` the active weights are read
+    at any batch: the batch-1 read, a floor past it.
 
     >>> decode_time(load_catalog().get("rtx-4090"), params=8.03e9, layers=32, kv_heads=8, head_dim=128,
     ...             weight_bytes=4.58 * 2**30).tokens_per_s    # doctest: +SKIP
@@ -192,6 +247,9 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     _positive(active_params=active)
     if active > params:
         raise GpuwiseError(f"active_params {active:g} is more than params {params:g}", "pass active <= total")
+    if (experts is None) != (top_k is None) or (experts is not None and active_params is None):
+        raise GpuwiseError("a mixture of experts needs active_params, experts and top_k together",
+                           "pass all three, or none for a dense model")
     if prompt_tokens < 0:
         raise GpuwiseError(f"prompt_tokens {prompt_tokens} is negative", "pass 0 or more")
     weights = params * bytes_per_weight(quant) if weight_bytes is None else weight_bytes
@@ -209,22 +267,34 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
         tflops *= clock_share(acc)[0]
     mm: Efficiency = efficiency("matmul", acc)
     eta_c = min(1.0, mm.value / GEMM_CEILING) if measured else mm.value
-    active_weights = weights * active / params
+
+    def read(tokens: int) -> float:
+        """Bytes of weights a forward of ``tokens`` tokens reads."""
+        if experts is None or top_k is None:
+            return weights * active / params
+        return weights * moe_weights_read(params, active, experts=experts, top_k=top_k, tokens=tokens) / params
+
+    step_weights = read(batch)
     attn_dim = (heads or kv_heads) * head_dim
     prefill_s = 0.0
     rate = eta_c * tflops * 1e12 if tflops else None
     if rate:
         # prefill: 2 N per token plus causal attention, 2 x layers x d x P^2; never faster than reading the weights
         prefill_s = (2 * active * prompt_tokens + 2 * layers * attn_dim * prompt_tokens ** 2) / rate
-    roof, bound = roofline(bytes_read=active_weights + batch * kv * context,
+    roof, bound = roofline(bytes_read=step_weights + batch * kv * context,
                            flops=2 * active * batch + 4 * layers * attn_dim * context * batch,
                            bytes_per_s=eta_bw * gbps * 1e9, flops_per_s=rate)
     step = roof + fit.fixed_s
-    ttft = max(prefill_s, active_weights / (eta_bw * gbps * 1e9)) + fit.fixed_s + step if prompt_tokens else step
+    prompt_read = read(prompt_tokens) if prompt_tokens else 0.0
+    ttft = max(prefill_s, prompt_read / (eta_bw * gbps * 1e9)) + fit.fixed_s + step if prompt_tokens else step
+    moe = ""
+    if experts is not None and top_k is not None:
+        moe = (f" (of {weights / 2**30:.2f} GiB held: {experts_touched(experts, top_k, batch):.3g} of {experts} "
+               f"experts a MoE layer at batch {batch}, uniform routing)")
     basis = (f"{cls} {gbps:g} GB/s {'measured' if measured_bw else 'datasheet'} x{eta_bw:.2f} "
-             f"+ {fit.fixed_s * 1e3:.1f} ms/token ({fit.source}); weights {active_weights / 2**30:.2f} GiB read "
-             f"per step, KV {kv:,} B/token")
+             f"+ {fit.fixed_s * 1e3:.1f} ms/token ({fit.source}); weights {step_weights / 2**30:.2f} GiB read "
+             f"per step{moe}, KV {kv:,} B/token")
     if tflops:
         basis += f" · {key} {tflops:g} TFLOPS x{eta_c:.2f} ({mm.source})"
     return DecodeTime(seconds_per_token=step, tokens_per_s_per_user=1 / step, tokens_per_s=batch / step, ttft_s=ttft,
-                      bound=bound, basis=basis)
+                      bound=bound, basis=basis, weight_bytes_read=step_weights)
