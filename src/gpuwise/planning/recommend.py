@@ -7,6 +7,11 @@ activation checkpointing, then FSDP over the same GPUs, then FSDP with checkpoin
 fits, the rest accumulated), and prices it: time to the goal, rent, purchase,
 energy, tokens per joule. Rows that cannot run are kept with the reason.
 
+A Mixture of Experts trains at its captured step's FLOPs, which are the routed tokens' (each token through its
+top-k experts: about 6 x N_active a token plus attention, tests/test_moe.py), never 6 x N_total: the cost model
+(costmodel.step_time) prices every captured op, and no parameter-count shortcut enters the time to the goal. Its
+memory holds every expert. Serving reads the experts a decode step's batch touches (serving.moe_weights_read).
+
 >>> r = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=64, seq=1024), Goal(tokens=1e9))
 >>> r.rows[0].gpu, r.rows[0].time_to_goal_s                                           # doctest: +SKIP
 """
@@ -30,6 +35,7 @@ from gpuwise.precision import PRECISIONS, default_precision, same_bytes
 if TYPE_CHECKING:  # the engine loads torch: imported where it runs, so the arguments are checked without it
     from gpuwise.planning.plan import Planner
     from gpuwise.planning.sharding import PerGpu
+    from gpuwise.planning.source import Experts
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # serving.WEIGHT_BYTES' keys, named without importing it (it loads torch): plan's formats, fp32 and llama.cpp's Q4_K_M
@@ -184,6 +190,10 @@ class Recommendation:
     excluded: tuple[Option, ...]
     traffic: Traffic | None = None  # serving: what the replicas must sustain
     uneven_counts: tuple[int, ...] = ()  # GPU counts in range not tried: the global batch does not split over them
+    # a Mixture of Experts: its routed experts (total and active parameters), and the routing its figures assume
+    # (training: the captured step's, as plan reports it; serving: serving.UNIFORM_ROUTING)
+    experts: Experts | None = None
+    routing: str | None = None
 
     @property
     def best(self) -> Option | None:
@@ -239,6 +249,7 @@ class _Search:
     checkpointing_given: bool
     calibrations: Mapping[str, Calibration]
     _steps: dict[Setup, PerGpu | None] = field(default_factory=dict)  # runs costed from the probes' captures
+    costed: PerGpu | None = None  # the first step priced: whose captures say how a MoE's tokens were routed
 
     def best(self, acc: Accelerator, n: int, precision: str):
         """The first setup of ``n`` x ``acc`` that fits, in the remedies' order (DDP, then with checkpointing,
@@ -277,6 +288,7 @@ class _Search:
             if not fit_on(exact, acc).fits:
                 continue
             exact = replace(exact, setup=replace(exact.setup, precision=precision))  # the rate of the run's own
+            self.costed = self.costed or exact
             t = step_time(exact, acc, calibration=self.calibrations.get(acc.key))
             if t is None:  # another sharding or checkpointing gives no rate or link either
                 return None, (f"no {precision} rate or memory bandwidth in the catalog" if n == 1 else
@@ -433,9 +445,17 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
            "cost": lambda r: (cost(r), r.time_to_goal_s or r.step_time_s),
            "energy": lambda r: (-(r.per_joule or 0.0), r.time_to_goal_s or r.step_time_s)}[sort]
     kept.sort(key=key)
+    experts = getattr(source, "experts", None)
+    routing = None
+    if experts is not None and search.costed is not None:  # as plan says it: the stand-in, else any split
+        captures = search.costed.workload.captures
+        routing = next((c.routing for group in captures for c in group if c.routing), None) or (
+            f"any split: each token's top-{experts.top_k} of {experts.experts} experts run as one grouped matmul, "
+            "whose memory and FLOPs do not depend on which experts")
     return Recommendation(model=source.name, setup=setup, goal=goal, constraints=c,
                           unit=unit, sort=sort,
-                          rows=tuple(kept), excluded=tuple(excluded + out), uneven_counts=tuple(sorted(uneven)))
+                          rows=tuple(kept), excluded=tuple(excluded + out), uneven_counts=tuple(sorted(uneven)),
+                          experts=experts, routing=routing)
 
 
 def _goal_for_limits(goal: Goal, c: Constraints, *, serving: bool = False) -> None:
@@ -571,6 +591,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     rows: list[Option] = []
     excluded: list[Option] = []
     planner = Planner(source)
+    experts = getattr(source, "experts", None) if dims is not None else None
     if dims is not None:
         if goal.samples is not None:
             raise GpuwiseError("a language model's serving goal is in tokens", "pass --tokens")
@@ -593,7 +614,8 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
             raise GpuwiseError(*exc.args) from exc
         for acc in catalog:
             if _chosen(acc, c):
-                found, why = _serve_decoder(acc, dims, step, traffic, c, goal, calibrations.get(acc.key))
+                found, why = _serve_decoder(acc, dims, step, traffic, c, goal, calibrations.get(acc.key),
+                                            experts=experts)
                 rows.extend(found)
                 if not found:
                     excluded.append(_excluded(acc, 1, why))
@@ -624,9 +646,12 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     key = {"time": lambda r: (r.step_time_s, cost(r)), "cost": lambda r: (cost(r), r.step_time_s),
            "energy": lambda r: (-(r.per_joule or 0.0), cost(r))}[sort]
     kept.sort(key=key)
+    routing = None
+    if experts is not None:
+        from gpuwise.planning.serving import UNIFORM_ROUTING as routing
     return Recommendation(model=source.name, setup=Setup(task="infer", micro_batch=batch), goal=goal,
                           constraints=c, unit=unit, sort=sort, rows=tuple(kept), excluded=tuple(excluded + out),
-                          traffic=traffic)
+                          traffic=traffic, experts=experts, routing=routing)
 
 
 def _serving_cost(c: Constraints):
@@ -649,9 +674,13 @@ def _powers_within(acc: Accelerator, c: Constraints) -> list[int]:
 
 
 def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Constraints, goal: Goal,
-                   calibration: Calibration | None) -> tuple[list[Option], str]:
+                   calibration: Calibration | None, *, experts: Experts | None = None) -> tuple[list[Option], str]:
     """One row per replica size (1, 2, 4, ... GPUs of a node, tensor parallel) that holds the weights and at
-    least one sequence at the full context, within the latency targets."""
+    least one sequence at the full context, within the latency targets.
+
+    A Mixture of Experts (``experts``) holds every expert, but a step reads the dense weights and the experts its
+    batch touches (serving.moe_weights_read, uniform routing); tensor parallelism splits every expert's matrices
+    over the replica's GPUs, so each GPU reads that share of its slice."""
     from gpuwise.planning.costmodel import allreduce_link
     from gpuwise.planning.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
     from gpuwise.planning.tracker import CATEGORIES
@@ -663,6 +692,15 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     live = step.live[int(step.live.sum(axis=1).argmax())]
     activations = float(live.sum() - live[CATEGORIES.index("weights")] - live[CATEGORIES.index("kv_cache")])
     mean_context = traffic.prompt_tokens + traffic.output_tokens // 2
+
+    def moe(n: int) -> dict:
+        """decode_time's MoE arguments for one of ``n`` GPUs: its share of the active parameters (the captured
+        step's parameters are the total, source.Experts')."""
+        if experts is None:
+            return {}
+        return {"active_params": params / n * experts.active / experts.total, "experts": experts.experts,
+                "top_k": experts.top_k}
+
     if not any(acc.peak_tflops.get(k) for k in ("bf16", "fp16", "fp32")):
         return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
     rows, why = [], "the weights and one sequence's KV cache do not fit even on a full node"
@@ -690,7 +728,8 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
         def at(batch: int, n: int = n, kv_heads: int = kv_heads, comm_per_seq: float = comm_per_seq):
             d = decode_time(acc, params=params / n, layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim,
                             heads=max(1, dims.heads // n), weight_bytes=weights / n, batch=batch,
-                            context=mean_context, prompt_tokens=traffic.prompt_tokens, calibration=calibration)
+                            context=mean_context, prompt_tokens=traffic.prompt_tokens, calibration=calibration,
+                            **moe(n))
             return None if d is None else (d, d.seconds_per_token + comm_per_seq * batch)
 
         batch = min(fits, traffic.concurrency) if traffic.tokens_per_s is None else fits

@@ -106,10 +106,38 @@ def _serving(r: Recommendation, console: Console) -> None:
               "replicas for --tokens-per-s; $/M: per million images at the rent; per joule at board power."])
     if (more := len(r.rows) - len(_shown(r))) > 0:
         notes.append(f"{more} more rows with --json.")
+    if (moe := _moe(r)) is not None:
+        notes.append(moe)
     if r.best is not None:
         notes.append(f"basis of the first row: {r.best.basis}")
     console.print("\n".join(notes))
     _left_out(r, console)
+
+
+def _billions(n: float) -> str:
+    return f"{n / 1e9:.3g} B"
+
+
+def _moe(r: Recommendation) -> str | None:
+    """What a Mixture of Experts changes, and the routing the figures assume; None for a dense model."""
+    e = r.experts
+    if e is None:
+        return None
+    head = (f"Mixture of Experts: {_billions(e.total)} parameters, {_billions(e.active)} active per token "
+            f"(top-{e.top_k} of {e.experts} routed experts a MoE layer).")
+    if r.traffic is None:
+        return (f"{head} Training FLOPs are the captured step's, each token through its {e.top_k} experts (~6 x "
+                f"{_billions(e.active)} a token, not 6 x {_billions(e.total)}); memory holds every expert. Routing: "
+                f"{r.routing or 'as captured'}.")
+    from gpuwise.planning.serving import experts_touched, moe_weights_read
+
+    full = 16
+    return (f"{head} Memory holds all {_billions(e.total)}; a decode step at batch B reads the dense weights and the "
+            f"experts its B tokens touch, E(1 - (1 - k/E)^B) a layer: {e.top_k} of {e.experts} at batch 1 "
+            f"({_billions(e.active)} read, why it decodes faster than a dense {_billions(e.total)} model), "
+            f"{experts_touched(e.experts, e.top_k, full):.3g} at batch {full} "
+            f"({_billions(moe_weights_read(e.total, e.active, experts=e.experts, top_k=e.top_k, tokens=full))}); "
+            f"FLOPs 2 x {_billions(e.active)} a token. Assumes {r.routing}.")
 
 
 def _left_out(r: Recommendation, console: Console) -> None:
@@ -155,6 +183,8 @@ def render_recommend(r: Recommendation, console: Console) -> None:
     notes.append("time: to the goal at the predicted rate; kWh and per-joule at board power (TDP), an upper "
                  "bound; settings: sharding, ckpt = activation checkpointing (sel-ckpt: selective), mb = micro-batch x "
                  "accumulation.")
+    if (moe := _moe(r)) is not None:
+        notes.append(moe)
     if r.best is not None:
         notes.append(f"to run the first row: gpuwise train (or plan) ... {r.best.flags}".rstrip()
                      if r.best.flags else "the first row runs as given")
@@ -186,7 +216,25 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
     return {"workload": {"model": r.model, "setup": to_jsonable(r.setup)},
             "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort, "traffic": to_jsonable(r.traffic),
             "constraints": to_jsonable(r.constraints), "uneven_counts": list(r.uneven_counts),
+            "experts": _experts_json(r), "routing": r.routing,
             "rows": [row(o) for o in r.rows] + [row(o) for o in r.excluded]}
+
+
+def _experts_json(r: Recommendation) -> dict[str, Any] | None:
+    """A Mixture of Experts' counts; serving adds the weights a decode step reads at a few batch sizes."""
+    e = r.experts
+    if e is None:
+        return None
+    data: dict[str, Any] = {"experts": e.experts, "top_k": e.top_k, "routed_params": e.params, "total": e.total,
+                            "active": e.active}
+    if r.traffic is not None:
+        from gpuwise.planning.serving import experts_touched, moe_weights_read
+
+        data["decode_read"] = [
+            {"batch": b, "experts_touched": experts_touched(e.experts, e.top_k, b),
+             "params_read": moe_weights_read(e.total, e.active, experts=e.experts, top_k=e.top_k, tokens=b)}
+            for b in (1, 2, 4, 8, 16, 64, 256)]
+    return data
 
 
 def _pick(o: Option | None, serving: bool) -> str:
