@@ -112,6 +112,7 @@ def test_imbalance_grows_the_busiest_rank_experts_activations_and_flops(planner)
     rows = TOKENS * K  # the extra rows the busiest GPU receives at F = 2 (its experts each at twice their share)
     # FLOPs: each extra row meets the gate, up and down matrices, forward (2) and backward (4) per weight
     assert hot.workload.flops_per_step - one.workload.flops_per_step == 6 * rows * EXPERT * LAYERS
+    assert half.workload.flops_per_step - one.workload.flops_per_step == 6 * rows // 2 * EXPERT * LAYERS
     # saved per routed row, fp32: its input (H), the gate-up output (2 FFN), the activation and the gated product
     # (FFN each), the down output (H); plus its index and routing weight (at most 32 B)
     per_row = 4 * (H + 2 * FFN + FFN + FFN + H)
