@@ -215,6 +215,8 @@ def test_the_output_says_moe_with_total_active_and_the_routing(mixtral, tmp_path
     assert (data["experts"]["experts"], data["experts"]["top_k"]) == (8, 2)
     assert data["routing"] == UNIFORM_ROUTING
     assert data["experts"]["decode_read"][0] == {"batch": 1, "experts_touched": 2.0, "params_read": e.active}
+    row = next(x for x in data["rows"] if x["count"] == 2)
+    assert row["decode_batch"] == 1 and row["weight_bytes_read_per_gpu"] == pytest.approx(e.active)  # 2 B / 2 GPUs
     console = Console(width=200, record=True)
     render_recommend(r, console)
     text = console.export_text()

@@ -168,6 +168,8 @@ class Option:
     ttft_s: float | None = None
     max_concurrency: int | None = None  # sequences one replica's memory holds at the full context
     replicas: int | None = None
+    decode_batch: int | None = None  # sequences a replica decodes in one step (a decoder)
+    weight_bytes_read: float | None = None  # by one GPU in that step: all its weights, a MoE's experts touched
 
     @property
     def gpus_total(self) -> int:
@@ -754,7 +756,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
             continue
         rows.append(_served(acc, n, replicas, per_replica * replicas, tpot, d.ttft_s, fits, goal, c,
                             d.basis + link_note, flags=f"--weights {traffic.weights}" if traffic.weights != "bf16"
-                            else ""))
+                            else "", decode_batch=batch, weight_bytes_read=d.weight_bytes_read))
     return rows, why
 
 
@@ -796,8 +798,8 @@ def _serve_step(acc: Accelerator, planner: Planner, setup: Setup, traffic: Traff
 
 
 def _served(acc: Accelerator, n: int, replicas: int, throughput: float, latency: float, first: float,
-            fits: int | None, goal: Goal, c: Constraints, basis: str, *, flags: str, mfu: float | None = None
-            ) -> Option:
+            fits: int | None, goal: Goal, c: Constraints, basis: str, *, flags: str, mfu: float | None = None,
+            decode_batch: int | None = None, weight_bytes_read: float | None = None) -> Option:
     rent, buy = _rent(acc, c), _buy(acc, c)
     gpus = n * replicas
     hours = None if goal.amount is None else goal.amount / throughput / 3600
@@ -809,7 +811,8 @@ def _served(acc: Accelerator, n: int, replicas: int, throughput: float, latency:
         buy_usd=None if buy is None else buy.usd * gpus, buy_price=buy,
         energy_kwh=None if watts is None or hours is None else watts * hours / 1000,
         per_joule=None if watts is None else throughput / watts, basis=basis, per_user=1 / latency,
-        ttft_s=first, max_concurrency=fits, replicas=replicas)
+        ttft_s=first, max_concurrency=fits, replicas=replicas, decode_batch=decode_batch,
+        weight_bytes_read=weight_bytes_read)
 
 
 # -- the guide: canonical scenarios, ranked by the same engine ------------------------------------------------

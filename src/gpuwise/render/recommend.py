@@ -211,7 +211,8 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
                 f"{r.unit}_per_joule": o.per_joule, "pareto": o.pareto, "basis": o.basis, "excluded": o.excluded,
                 **({} if r.traffic is None else {
                     "decode_tokens_per_s": o.per_user, "ttft_s": o.ttft_s, "max_concurrency": o.max_concurrency,
-                    "replicas": o.replicas, "gpus_total": o.gpus_total})}
+                    "replicas": o.replicas, "gpus_total": o.gpus_total, "decode_batch": o.decode_batch,
+                    "weight_bytes_read_per_gpu": o.weight_bytes_read})}
 
     return {"workload": {"model": r.model, "setup": to_jsonable(r.setup)},
             "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort, "traffic": to_jsonable(r.traffic),
