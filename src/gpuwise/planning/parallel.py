@@ -242,9 +242,11 @@ def _takes_router_choice(module: nn.Module) -> bool:
     return params[1:4] == ["hidden_states", "top_k_index", "top_k_weights"]
 
 
-def expert_parallel(model: nn.Module, setup: Setup) -> None:
+def expert_parallel(model: nn.Module, setup: Setup, seq: int | None = None) -> None:
     """One rank of ``setup.ep``-way expert parallelism, in place (module docstring): every routed experts module
-    holds E / ep of its E experts and runs between a dispatch and a combine all-to-all."""
+    holds E / ep of its E experts and runs between a dispatch and a combine all-to-all. ``seq``, the tokens of one
+    sequence on the rank: the busiest rank's extra rows are rounded per sequence, so that they stay affine in the
+    micro-batch (the batch model pairs captures at b and b + 1)."""
     ep, factor = setup.ep, hot_rank_factor(setup)
     routed = _routed_modules(model)
     for name, module in routed:
@@ -272,7 +274,10 @@ def expert_parallel(model: nn.Module, setup: Setup) -> None:
             shape, k = hidden_states.shape, top_k_index.shape[-1]
             x = hidden_states.reshape(-1, shape[-1])
             tokens = x.shape[0]
-            rows = max(1, round(tokens * factor))
+            if seq and tokens % seq == 0:
+                rows = tokens // seq * max(1, round(seq * factor))
+            else:
+                rows = max(1, round(tokens * factor))
             index, weights = top_k_index.reshape(tokens, k) % _local, top_k_weights.reshape(tokens, k)
             if rows != tokens:  # the busiest rank's rows: this rank's routing, repeated
                 copies = -(-rows // tokens)
@@ -288,7 +293,9 @@ def expert_parallel(model: nn.Module, setup: Setup) -> None:
 def rank_step(built, setup: Setup):
     """``built`` (a source's Built, inside the fake mode) cut to what one GPU of ``setup`` runs."""
     if setup.ep > 1:
-        expert_parallel(built.model, setup)
+        ids = built.inputs[0] if built.inputs else None
+        seq = ids.shape[1] // setup.cp if ids is not None and ids.dim() == 2 and not ids.is_floating_point() else None
+        expert_parallel(built.model, setup, seq)
     if setup.tp > 1:
         shard_tensor_parallel(built.model, setup.tp)
         if setup.sp:
