@@ -72,6 +72,17 @@ def test_expert_states_per_gpu_are_experts_over_ep_and_the_rest_unchanged(planne
     assert step.workload.flops_per_step == one.workload.flops_per_step
 
 
+def test_each_all_to_all_holds_its_send_and_receive_buffers_while_it_runs(planner):
+    step, _, _ = _step(planner, ep=2)
+    c = step.workload.captures[0][0]
+    first = next(i for i, (op, label) in enumerate(zip(c.ops, c.labels, strict=True))
+                 if op == "new_empty" and label == ("forward", 0))  # block 0's dispatch
+    temp = c.live[first - 1:first + 3, CAT["temporaries"]]
+    rows = TOKENS * K * H * 4  # fp32 rows of hidden width, one a routed token
+    # the send buffer, then the receive buffer beside it; both freed, the tokens received handed on (T x H)
+    assert (temp[1] - temp[0], temp[2] - temp[1], temp[3] - temp[0]) == (rows, rows, TOKENS * H * 4)
+
+
 def test_fsdp_shards_expert_states_over_the_ranks_ep_leaves(planner):
     step, mem, _ = _step(planner, ep=2, sharding="fsdp")
     _, fsdp, _ = _step(planner, sharding="fsdp")
