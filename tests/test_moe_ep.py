@@ -83,6 +83,15 @@ def test_each_all_to_all_holds_its_send_and_receive_buffers_while_it_runs(planne
     assert (temp[1] - temp[0], temp[2] - temp[1], temp[3] - temp[0]) == (rows, rows, TOKENS * H * 4)
 
 
+def test_tensor_and_expert_parallel_together_split_what_each_splits(planner):
+    # --tp 2: q, k, v, o and the vocabulary halved (transformers' Mixtral views its logits by its own vocab_size, cut
+    # too); the stacked experts are not linear layers, so TP leaves them whole and --ep 2 halves them
+    step = planner.per_gpu(Setup(micro_batch=BATCH, seq=SEQ, gpus=GPUS, tp=2, ep=2))
+    attention = (2 * H * H + 2 * H * H // 2) * LAYERS
+    vocab = 2 * 1000 * H  # the embedding and the untied LM head
+    assert step.workload.params == planner.source.experts.total - attention // 2 - vocab // 2 - E // 2 * EXPERT * LAYERS
+
+
 def test_fsdp_shards_expert_states_over_the_ranks_ep_leaves(planner):
     step, mem, _ = _step(planner, ep=2, sharding="fsdp")
     _, fsdp, _ = _step(planner, sharding="fsdp")

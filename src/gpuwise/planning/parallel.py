@@ -375,6 +375,8 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
     config = getattr(model, "config", None)  # transformers' loss views the logits by config.vocab_size
     if rows is not None and config is not None and isinstance(getattr(config, "vocab_size", None), int):
         config.vocab_size = rows
+    if rows is not None and isinstance(getattr(model, "vocab_size", None), int):  # or by its own (Mixtral's)
+        model.vocab_size = rows
 
 
 SUBLAYERS = frozenset({"attention", "feed_forward", "attn", "mlp", "self_attn"})  # what runs on the whole sequence
