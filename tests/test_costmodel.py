@@ -179,3 +179,43 @@ def test_step_time_is_cheap_enough_for_every_gpu_and_count(validation):
     assert time.perf_counter() - t < 2.0
     assert costmodel.efficiency("matmul", H100) == costmodel.efficiency("matmul", A100)  # one share; power differs
     assert costmodel.clock_share(H100)[0] < costmodel.clock_share(A100)[0] == 1.0
+
+
+# a small Mixtral (issue 17): hidden 512, 4 experts of width 1024, top-2, 2 blocks, 2 x 128 tokens
+_MOE = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 1000, "hidden_size": 512,
+        "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+        "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_fp32_expert_matmuls_of_a_bf16_mixed_step_run_at_the_fp32_rate(tmp_path):
+    pytest.importorskip("transformers")
+    import json
+
+    from gpuwise.planning.source import HFSource
+    from gpuwise.planning.tracker import MATMUL_FP32
+
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(_MOE))
+    h, ffn, k, layers, tokens = 512, 1024, 2, 2, 2 * 128
+    # each routed (token, expert) row meets the expert's gate/up (h x 2 ffn) and down (ffn x h) matrices: 2 x 3 h ffn
+    # FLOPs forward, twice that backward (the input's and the weights' gradients), each block
+    hand = 3 * 2 * 3 * h * ffn * tokens * k * layers
+    steps = {}
+    for precision in ("bf16-mixed", "bf16"):
+        setup = Setup(micro_batch=2, seq=128, precision=precision)
+        steps[precision] = per_gpu(simulate(HFSource.from_path(path), setup, batch_model=False), setup)
+    costs = steps["bf16-mixed"].workload.costs
+    wide = costs.kind == MATMUL_FP32
+    # fp32 master weights under bf16 autocast: the grouped expert matmuls take fp32 operands (autocast.py), and only
+    # they; in pure bf16 none do
+    assert float(costs.flops[wide] @ costs.count[wide]) == hand
+    assert not (steps["bf16"].workload.costs.kind == MATMUL_FP32).any()
+    mixed = steps["bf16-mixed"]
+    only = dataclasses.replace(mixed, workload=dataclasses.replace(mixed.workload, costs=costs.where(wide)))
+    t = step_time(only, H100)
+    share = costmodel.clock_share(H100)[0]
+    # at 0.57 x the fp32 rate (67 TFLOPS: allow_tf32 is off by default), not bf16's 989.5: 15x slower
+    assert t.compute_s == pytest.approx(hand / (0.57 * share * 67.0e12)) == t.seconds
+    assert "fp32 67 TFLOPS (allow_tf32 off" in t.basis
+    whole = step_time(mixed, H100)
+    assert whole.compute_s >= t.compute_s and "matmuls on fp32 operands" in whole.basis  # the rest: launch-bound

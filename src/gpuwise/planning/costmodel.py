@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.tracker import ATTENTION, MATMUL_FP8, NONE, PHASES
+from gpuwise.planning.tracker import ATTENTION, MATMUL_FP8, MATMUL_FP32, NONE, PHASES
 
 if TYPE_CHECKING:
     from gpuwise.planning.sharding import PerGpu
@@ -258,6 +258,26 @@ def _float8_rates(step: PerGpu, acc: Accelerator, fp8_tflops: float, measured: C
     return fp8_tflops, hp or None
 
 
+def _fp32_matmul_rate(step: PerGpu, acc: Accelerator, measured: Calibration | None, share: float = 1.0
+                      ) -> tuple[float | None, str]:
+    """A 16-bit run's GEMMs on fp32 operands (``MATMUL_FP32``: a Mixture of Experts' grouped matmuls under
+    autocast, whose fp32 weights CUDA autocast does not cast, autocast.py) run through cuBLAS in fp32: at the
+    catalog's fp32 rate, as PyTorch leaves ``torch.backends.cuda.matmul.allow_tf32`` False (its default since 1.12;
+    ``float32_matmul_precision`` "highest") and neither gpuwise's bf16-mixed/fp16-mixed (``PrecisionSpec.tf32``
+    False) nor transformers' Trainer (``TrainingArguments.tf32`` None: left alone) turns it on; at the tf32 rate
+    for a precision that does. Measured rates win; the board's clock share applies as to the 16-bit rate.
+    (rate or None where the catalog has neither: the run's rate is used, and the basis says so; what it is)."""
+    key = "tf32" if step.setup.spec.tf32 else "fp32"
+    why = "allow_tf32 off, PyTorch's default" if key == "fp32" else "TF32 on"
+    got = measured.tflops.get(key) if measured is not None else None
+    if got:
+        return got, f"{key} {got:g} TFLOPS measured ({why})"
+    datasheet = acc.peak_tflops.get(key)
+    if not datasheet:
+        return None, f"no {key} rate in the catalog: at the run's"
+    return datasheet * share, f"{key} {datasheet:g} TFLOPS ({why}) x{share:.2f}"
+
+
 def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None,
               int8: bool = False) -> StepTime | None:
     """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, op by op, plus the exposed
@@ -301,6 +321,14 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
         if hp is None:
             return None
         rate = np.where(c.kind == MATMUL_FP8, fp8, hp)
+    fp32_part = None
+    wide = c.kind == MATMUL_FP32
+    if not int8 and s.compute_dtype.itemsize < 4 and float(flops[wide] @ c.count[wide]):
+        fp32, what = _fp32_matmul_rate(step, acc, calibration if measured else None, share)
+        if fp32 is not None:
+            rate = np.where(wide, fp32, rate)
+        fp32_part = (f"{float(flops[wide] @ c.count[wide]):.3g} FLOPs of matmuls on fp32 operands (autocast leaves "
+                     f"them: a MoE's grouped experts, rotary tables) at {what}")
     t_compute = flops / (eta * rate * 1e12)
     t_memory = np.zeros_like(nbytes) if on_chip else nbytes / (mem * gbps * 1e9)
     t_launch = np.where(c.kind == NONE, 0.0, LAUNCH_S)
@@ -334,6 +362,8 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
              "on-chip SRAM: no bandwidth figure, never waited on" if on_chip else
              f"{cls} {gbps:g} GB/s {'measured' if gbps_measured else 'datasheet'} x{mem:.2f} ({eta_mem.source})",
              f"launch {LAUNCH_S * 1e6:g} us/op (eager PyTorch)"]
+    if fp32_part is not None:
+        parts.append(fp32_part)
     if link is not None:
         parts.append(f"{s.sharding} over {s.gpus}: {link.source}, {OVERLAP:.0%} of "
                      f"{'forward+backward' if s.sharding == 'fsdp' else 'backward'} hides it (assumed)")
@@ -355,8 +385,9 @@ class StepFloor:
 def step_time_floor(step: PerGpu, accelerator: Accelerator,
                     calibration: Calibration | None = None) -> StepFloor | None:
     """The roofline floor of one optimizer step of ``step`` on ``accelerator``, at the rate of the run's
-    precision (``Setup.spec.rate_key``); measured rates replace the datasheet's. None: the GPU has no such rate
-    (bf16 before Ampere)."""
+    precision (``Setup.spec.rate_key``), a 16-bit run's matmuls on fp32 operands at the fp32 rate
+    (``_fp32_matmul_rate``); measured rates replace the datasheet's. None: the GPU has no such rate (bf16 before
+    Ampere)."""
     key = step.setup.spec.rate_key  # the run's: a sharded fp16-mixed step is captured in 16 bits as bf16
     measured = calibration is not None and bool(calibration.tflops.get(key))
     tflops = calibration.tflops[key] if measured else accelerator.peak_tflops.get(key)
@@ -364,6 +395,7 @@ def step_time_floor(step: PerGpu, accelerator: Accelerator,
         return None
     gbps = (calibration.gbps if measured else None) or accelerator.memory_bandwidth_gbps
     compute = step.workload.flops_per_step / (tflops * 1e12)
+    rest = tflops  # the rate of every FLOP but fp8's
     if step.setup.spec.float8:  # the fp8 GEMMs at the fp8 rate, every other FLOP at bf16's
         fp8, hp = _float8_rates(step, accelerator, tflops, calibration if measured else None)
         if hp is None:
@@ -372,6 +404,14 @@ def step_time_floor(step: PerGpu, accelerator: Accelerator,
         mask = c.kind == MATMUL_FP8
         fp8_flops = float(c.flops[mask] @ c.count[mask])
         compute = fp8_flops / (fp8 * 1e12) + max(step.workload.flops_per_step - fp8_flops, 0) / (hp * 1e12)
+        rest = hp
+    c = step.workload.costs
+    wide = c.kind == MATMUL_FP32
+    fp32_flops = float(c.flops[wide] @ c.count[wide])
+    if fp32_flops and step.setup.compute_dtype.itemsize < 4:  # those at the fp32 rate (_fp32_matmul_rate)
+        fp32 = _fp32_matmul_rate(step, accelerator, calibration if measured else None)[0]
+        if fp32 is not None:
+            compute += fp32_flops / (fp32 * 1e12) - fp32_flops / (rest * 1e12)
     memory = step.workload.bytes_per_step / (gbps * 1e9) if gbps else 0.0
     idle = 1 - step.setup.pipeline_bubble
     return StepFloor(seconds=max(compute, memory) / idle, basis="measured" if measured else "datasheet")

@@ -72,9 +72,10 @@ _NO_FLOPS = frozenset({
 
 # Op kinds for the cost model: tensor-core GEMMs (matmul, conv), attention kernels (SDPA / gpuwise attention),
 # other kernels (elementwise, reductions, norms, optimizer foreach: memory-bound), ops that launch no kernel, and
-# fp8 GEMMs (``_scaled_mm``: --precision fp8's linear layers, at the catalog's fp8 rate).
-KINDS = ("matmul", "attention", "other", "none", "matmul-fp8")
-MATMUL, ATTENTION, OTHER, NONE, MATMUL_FP8 = range(5)
+# fp8 GEMMs (``_scaled_mm``: --precision fp8's linear layers, at the catalog's fp8 rate), and GEMMs whose operands
+# are fp32 (in a 16-bit run: MoE experts under autocast, autocast.py; costmodel.py prices them at the fp32 rate).
+KINDS = ("matmul", "attention", "other", "none", "matmul-fp8", "matmul-fp32")
+MATMUL, ATTENTION, OTHER, NONE, MATMUL_FP8, MATMUL_FP32 = range(6)
 PHASES = ("forward", "backward", "optimizer")
 _PHASE = {"setup": 0, "forward": 0, "backward": 1, "optimizer": 2}
 # Allocation and metadata ops: the caching allocator hands out memory without a kernel.
@@ -172,15 +173,15 @@ class OpRows:
                                        kind=self.kind, phase=self.phase, count=np.ones(len(self))))
 
 
-def op_kind(name: str, flops: int | None, namespace: str) -> int:
-    """Which cost class an op falls in: attention kernels, other FLOP-counted ops (GEMMs, convolutions), the
-    rest memory-bound; allocation-only ops launch nothing."""
+def op_kind(name: str, flops: int | None, namespace: str, fp32: bool = False) -> int:
+    """Which cost class an op falls in: attention kernels, other FLOP-counted ops (GEMMs, convolutions; ``fp32``:
+    their operands are fp32), the rest memory-bound; allocation-only ops launch nothing."""
     if "attention" in name:
         return ATTENTION
     if name == "_scaled_mm":
         return MATMUL_FP8
     if flops:
-        return MATMUL
+        return MATMUL_FP32 if fp32 else MATMUL
     if name in _NO_KERNEL or namespace in ("prim", "profiler"):
         return NONE
     return OTHER
@@ -253,6 +254,12 @@ _FLOAT_ONLY = (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution)
 def _run(func, args, kwargs):
     """Run one op: ``_grouped_mm`` in fp32 too, as CUDA runs it (autocast.py); every other as itself."""
     return grouped_mm(func, args, kwargs) if func._overloadpacket is aten._grouped_mm else func(*args, **kwargs)
+
+
+def _fp32_operands(args) -> bool:
+    """The floating-point tensors among an op's first three arguments (a matmul's operands, addmm's bias) are fp32."""
+    floats = [t for t in args[:3] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return bool(floats) and all(t.dtype == torch.float32 for t in floats)
 
 
 def _check_float(func, args) -> None:
@@ -393,7 +400,7 @@ class Tracker(TorchDispatchMode):
         if data or flops:
             self._op_flops.append(flops or 0)
             self._op_bytes.append(moved)
-            self._op_kind.append(op_kind(name, flops, func.namespace))
+            self._op_kind.append(op_kind(name, flops, func.namespace, bool(flops) and _fp32_operands(args)))
             self._op_phase.append(_PHASE[self.phase])
         if self._owner and self.phase == "optimizer":
             self.block = self._block_of(tree_leaves((args, kwargs)))
