@@ -264,8 +264,9 @@ def _fp32_matmul_rate(step: PerGpu, acc: Accelerator, measured: Calibration | No
     autocast, whose fp32 weights CUDA autocast does not cast, autocast.py) run through cuBLAS in fp32: at the
     catalog's fp32 rate, as PyTorch leaves ``torch.backends.cuda.matmul.allow_tf32`` False (its default since 1.12;
     ``float32_matmul_precision`` "highest") and neither gpuwise's bf16-mixed/fp16-mixed (``PrecisionSpec.tf32``
-    False) nor transformers' Trainer (``TrainingArguments.tf32`` None: left alone) turns it on; at the tf32 rate
-    for a precision that does. Measured rates win; the board's clock share applies as to the 16-bit rate.
+    False) nor transformers' Trainer (``TrainingArguments.tf32`` None: left alone; only its ``torch_compile`` with bf16
+    turns TF32 on, not modelled) turns it on; at the tf32 rate for a precision that does. Measured rates win; the
+    board's clock share applies as to the 16-bit rate.
     (rate or None where the catalog has neither: the run's rate is used, and the basis says so; what it is)."""
     key = "tf32" if step.setup.spec.tf32 else "fp32"
     why = "allow_tf32 off, PyTorch's default" if key == "fp32" else "TF32 on"

@@ -706,12 +706,14 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     if not any(acc.peak_tflops.get(k) for k in ("bf16", "fp16", "fp32")):
         return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
     rows, why = [], "the weights and one sequence's KV cache do not fit even on a full node"
+    latent = getattr(dims, "kv_latent", 0)  # MLA's latent cache is whole on every GPU (source.Decoder)
     for n in _powers_within(acc, c):
         if dims.heads % n:
             why = f"{dims.heads} attention heads do not split over {n} GPUs"
             continue
         kv_heads = math.ceil(dims.kv_heads / n)  # tensor parallel splits the KV heads (replicated below one a GPU)
-        kv_seq = kv_bytes_per_token(layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim) * traffic.context
+        kv_seq = kv_bytes_per_token(layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim,
+                                    latent=latent) * traffic.context
         fits = max_concurrency(acc, weight_bytes=weights / n, kv_bytes_per_sequence=kv_seq,
                                activation_bytes=activations)
         if fits == 0:
@@ -731,7 +733,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
             d = decode_time(acc, params=params / n, layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim,
                             heads=max(1, dims.heads // n), weight_bytes=weights / n, batch=batch,
                             context=mean_context, prompt_tokens=traffic.prompt_tokens, calibration=calibration,
-                            **moe(n))
+                            kv_latent=latent, **moe(n))
             return None if d is None else (d, d.seconds_per_token + comm_per_seq * batch)
 
         batch = min(fits, traffic.concurrency) if traffic.tokens_per_s is None else fits

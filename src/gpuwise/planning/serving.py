@@ -187,9 +187,13 @@ def moe_weights_read(params: float, active_params: float, *, experts: int, top_k
     return params - (params - active_params) * (1 - top_k / experts) ** (tokens - 1)
 
 
-def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, kv_bytes: float = 2) -> int:
-    """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes."""
+def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, kv_bytes: float = 2, latent: int = 0) -> int:
+    """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes; under multi-head latent
+    attention (``latent``: source.Decoder.kv_latent, kv_lora_rank + qk_rope_head_dim) layers x latent x bytes, what
+    transformers 5 and vLLM both cache (DeepSeek-V3: 61 x 576 x 2 = 70,272 B, not 2 x 61 x 128 heads x 56)."""
     _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes)
+    if latent:
+        return int(layers * latent * kv_bytes)
     return int(2 * layers * kv_heads * head_dim * kv_bytes)
 
 
@@ -227,9 +231,11 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
                 active_params: float | None = None, experts: int | None = None, top_k: int | None = None,
                 heads: int | None = None, weight_bytes: float | None = None,
                 quant: str = "bf16", kv_bytes: float = 2, batch: int = 1, context: int = 1024,
-                prompt_tokens: int = 0, calibration: Calibration | None = None) -> DecodeTime | None:
+                prompt_tokens: int = 0, calibration: Calibration | None = None, kv_latent: int = 0
+                ) -> DecodeTime | None:
     """Decode speed of one replica on ``acc``. ``weight_bytes`` (a checkpoint's size) wins over ``params`` x the
-    quantisation's bytes; ``heads`` the query heads (default kv_heads). None: the GPU has no bandwidth figure.
+    quantisation's bytes; ``heads`` the query heads (default kv_heads); ``kv_latent`` a multi-head latent attention
+    cache's elements per token per layer (kv_bytes_per_token). None: the GPU has no bandwidth figure.
 
     A mixture of experts: ``active_params`` (per token), with ``experts`` and ``top_k`` (E routed experts a MoE
     layer, k a token). A step at batch B then reads ``moe_weights_read`` of the parameters (the active ones at
@@ -254,7 +260,7 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
         raise GpuwiseError(f"prompt_tokens {prompt_tokens} is negative", "pass 0 or more")
     weights = params * bytes_per_weight(quant) if weight_bytes is None else weight_bytes
     _positive(weight_bytes=weights)
-    kv = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes)
+    kv = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes, latent=kv_latent)
     measured_bw = calibration.gbps if calibration is not None else None
     gbps = measured_bw or acc.memory_bandwidth_gbps
     if not gbps:

@@ -38,12 +38,20 @@ from gpuwise.planning.transforms import find_blocks
 
 @dataclass(frozen=True, kw_only=True)
 class Decoder:
-    """What decode speed depends on besides the weights: the KV cache's shape per token, and the query heads."""
+    """What decode speed depends on besides the weights: the KV cache's shape per token, and the query heads.
+
+    Multi-head latent attention (DeepSeek-V2/V3, ``kv_lora_rank`` in config.json) caches no K and V per head: each
+    token's compressed latent (``kv_lora_rank``) and its one shared rotary key (``qk_rope_head_dim``) a layer,
+    ``kv_latent`` elements (576 for DeepSeek-V3). transformers 5 caches exactly these (``DeepseekV3Attention``:
+    ``cache.update(kv_nope, k_rot)``, each a single-head tensor, decompressed into per-head K and V by ``kv_b_proj``
+    after the read), and so do vLLM and SGLang (their MLA backends, one 576-wide entry a token a layer); under tensor
+    parallelism every GPU holds the whole latent (one "KV head", not split)."""
 
     layers: int
     heads: int
     kv_heads: int
     head_dim: int
+    kv_latent: int = 0  # MLA: elements cached per token per layer (kv_lora_rank + qk_rope_head_dim); 0: K and V a head
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -418,7 +426,10 @@ class HFSource:
             return None
         kv = c.get("num_key_value_heads") or heads
         head_dim = c.get("head_dim") or (c.get("hidden_size") or 0) // heads
-        return Decoder(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim) if head_dim else None
+        latent = (c["kv_lora_rank"] + c["qk_rope_head_dim"]  # multi-head latent attention (Decoder's docstring)
+                  if isinstance(c.get("kv_lora_rank"), int) and isinstance(c.get("qk_rope_head_dim"), int) else 0)
+        return (Decoder(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, kv_latent=latent) if head_dim
+                else None)
 
     @property
     def max_positions(self) -> int | None:
