@@ -3,7 +3,9 @@
 
 Token models get ``input_ids`` (batch, seq); image models ``pixel_values`` (batch, num_channels, height, width)
 from the config's (or its ``vision_config``'s) ``num_channels`` and ``image_size`` (an int or a pair), which
-``--image-size`` overrides.
+``--image-size`` overrides. Speech models get clips of audio and their transcript (hf_audio.py): Whisper's and
+Speech2Text's ``input_features``, wav2vec2's ``input_values``. An encoder-decoder without labels (``--task infer``,
+a bare model) is given ``decoder_input_ids``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from typing import Any
 import torch
 
 from gpuwise.errors import GpuwiseError
+from gpuwise.planning import hf_audio
 
 TOKENS, PIXELS = "input_ids", "pixel_values"
+FEATURES, VALUES = hf_audio.FEATURES, hf_audio.VALUES  # audio: log-mel frames, a waveform
+AUDIO = (FEATURES, VALUES)
 DEFAULT_IMAGE_SIZE = 224  # transformers' image processors' default where a config names no size (ResNet, RegNet)
 
 
@@ -35,24 +40,25 @@ def main_input(cls: type | None) -> str:
 
 
 def kind(cls: type | None) -> str | None:
-    """What the main input holds: ``TOKENS`` or ``PIXELS``; None for inputs the planner does not make (audio,
-    video...). Perceiver's heads take either as ``inputs``: images for its image classifiers, token ids for its
-    masked LM and text classifier."""
+    """What the main input holds: ``TOKENS``, ``PIXELS``, ``FEATURES`` or ``VALUES``; None for inputs the planner
+    does not make (video...). Perceiver's heads take either as ``inputs``: images for its image classifiers, token ids
+    for its masked LM and text classifier."""
     name = main_input(cls)
     if name == "inputs" and cls is not None:
         if "ForImageClassification" in cls.__name__:
             return PIXELS
         if cls.__name__.endswith(("ForMaskedLM", "ForSequenceClassification")):
             return TOKENS
-    return name if name in (TOKENS, PIXELS) else None
+    return name if name in (TOKENS, PIXELS, *AUDIO) else None
 
 
 def check_input(cls: type | None, arch: str) -> None:
-    """The planner makes token ids and images; audio, video and the rest are refused with their name."""
+    """The planner makes token ids, images and audio; video and the rest are refused with their name."""
     if kind(cls) is None:
         raise GpuwiseError(f"{arch}'s forward takes {main_input(cls)}, an input the planner does not make yet (it "
-                           f"makes {TOKENS} and {PIXELS})", "plan a text or image model of this config, or your own "
-                           "model with --model file.py:function, whose function makes the inputs")
+                           f"makes {TOKENS}, {PIXELS}, {FEATURES} and {VALUES})", "plan a text, image or speech model "
+                           "of this config, or your own model with --model file.py:function, whose function makes the "
+                           "inputs")
 
 
 def image_size(config: Any, override: int | None) -> tuple[int, int]:
@@ -76,9 +82,11 @@ def image_size(config: Any, override: int | None) -> tuple[int, int]:
 
 
 def make_input(what: str, config: Any, batch: int, *, seq: int, image: int | None,
-               dtype: torch.dtype) -> torch.Tensor:
-    """The main input (``what``: TOKENS or PIXELS): token ids (batch, seq) below the vocabulary, or images (batch,
-    channels, height, width)."""
+               dtype: torch.dtype, audio_seconds: float | None = None) -> torch.Tensor:
+    """The main input (``what``: TOKENS, PIXELS or one of AUDIO): token ids (batch, seq) below the vocabulary, images
+    (batch, channels, height, width), or clips of ``audio_seconds`` (hf_audio.DEFAULT_AUDIO_SECONDS unless given)."""
+    if what in AUDIO:
+        return hf_audio.make_audio(what, config, batch, audio_seconds=audio_seconds, dtype=dtype)
     if what == PIXELS:
         channels = int(getattr(_vision(config), "num_channels", None) or 3)
         return torch.randn(batch, channels, *image_size(config, image), dtype=dtype)
@@ -92,6 +100,8 @@ def make_labels(model: torch.nn.Module, inputs: torch.Tensor, *, seq: int) -> to
     arch, config, batch = type(model).__name__, model.config, inputs.shape[0]
     if "labels" not in inspect.signature(model.forward).parameters:
         return None
+    if kind(type(model)) in AUDIO:  # the transcript, ``seq`` tokens (hf_audio.target_tokens), or a class a clip
+        return hf_audio.make_labels(type(model), config, batch, seq)
     classes = max(int(getattr(config, "num_labels", 2)), 1)
     if arch.endswith(("ForSequenceClassification", "ForImageClassification")):
         return torch.randint(classes, (batch,))
@@ -116,3 +126,36 @@ def forward_options(model: torch.nn.Module, image: int | None) -> dict[str, Any]
         return {}
     takes = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
     return {"interpolate_pos_encoding": True} if takes else {}
+
+
+def decoder_inputs(model: torch.nn.Module, batch: int, *, seq: int) -> torch.Tensor | None:
+    """``decoder_input_ids`` (batch, seq) for an encoder-decoder run without labels (from which it would shift them):
+    ``--task infer`` as one teacher-forced forward, or a bare model (T5Model); None for a model without a decoder."""
+    if "decoder_input_ids" not in inspect.signature(model.forward).parameters:
+        return None
+    vocab = getattr(model.config, "vocab_size", None) or getattr(model.config.get_text_config(), "vocab_size", None)
+    return torch.randint(int(vocab or 32000), (batch, seq))
+
+
+def check_decoder_start(cls: type | None, config: Any, arch: str) -> None:
+    """An encoder-decoder trained on labels shifts them right behind ``config.decoder_start_token_id`` (T5's
+    ``_shift_right``, BART's ``shift_tokens_right``): a config without one fails there (T5Config has no default),
+    which is the config's omission, said before the step is simulated. mBART's shift takes no start token."""
+    import sys
+
+    if cls is None or not getattr(config, "is_encoder_decoder", False) \
+            or getattr(config, "decoder_start_token_id", None) is not None:
+        return
+    if "labels" not in inspect.signature(cls.forward).parameters:
+        return
+    module = sys.modules.get(cls.__module__)
+    try:
+        source = inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return
+    if "config.decoder_start_token_id" in source:
+        pad = getattr(config, "pad_token_id", None)
+        example = pad if isinstance(pad, int) else 0
+        raise GpuwiseError(f"{arch}'s config has no decoder_start_token_id, the token its decoder starts from when it "
+                           "is trained on labels", f"add decoder_start_token_id to config.json: {example}, say (T5's "
+                           "published configs start from the pad token, 0; BART's from 2), or plan --task infer")

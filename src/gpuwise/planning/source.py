@@ -29,7 +29,7 @@ from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.files import file_function
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
-from gpuwise.planning import hf_inputs
+from gpuwise.planning import hf_audio, hf_inputs
 from gpuwise.planning.hf_build import concrete_constants
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.stack import Misaligned, kinds_of, signatures
@@ -467,7 +467,7 @@ class HFSource:
 
     def tokens(self, setup: Setup) -> int:
         if setup.task == "decode" or hf_inputs.kind(self.model_class) != hf_inputs.TOKENS:
-            return 1  # an image a sample
+            return 1  # an image a sample, an audio clip a sample (--seq is then its transcript's tokens: hf_audio.py)
         return setup.seq or min(2048, self.max_positions or 2048)
 
     @property
@@ -549,13 +549,22 @@ class HFSource:
                 raise Misaligned(f"a config of {n_layer} blocks does not build the stack's first {n_layer}")
         else:
             config, model = self._model(transformers, cfg_dict)
+        hf_audio.every_layer(model)  # LayerDrop's draw reads a value: every layer runs (the step's worst case)
+        hf_audio.spec_augment(model)  # wav2vec2's SpecAugment masks without a boolean index (hf_audio.py)
         seq = self.tokens(setup)
         decode = setup.task == "decode"
         name = type(model).__name__
-        main = hf_inputs.main_input(type(model))  # input_ids, pixel_values (hf_inputs.py)
-        ids = hf_inputs.make_input(hf_inputs.kind(type(model)), config, batch, seq=seq, image=setup.image_size,
-                                   dtype=setup.input_dtype)
-        labels = hf_inputs.make_labels(model, ids, seq=seq)
+        main = hf_inputs.main_input(type(model))  # input_ids, pixel_values, input_features... (hf_inputs.py)
+        what, clip = hf_inputs.kind(type(model)), getattr(setup, "audio_seconds", None)
+        # the labels' tokens: the inputs' own, or a speech model's transcript (--seq, else hf_audio's default)
+        target = hf_audio.target_tokens(type(model), config, setup.seq, clip) if what in hf_inputs.AUDIO else seq
+        ids = hf_inputs.make_input(what, config, batch, seq=seq, image=setup.image_size, dtype=setup.input_dtype,
+                                   audio_seconds=clip)
+        labels = hf_inputs.make_labels(model, ids, seq=target)
+        # an encoder-decoder run without labels is given its decoder's inputs (T5, Whisper under --task infer)
+        decoder_ids = (hf_inputs.decoder_inputs(model, batch, seq=target)
+                       if labels is None or not setup.training else None)
+        ctc = hf_audio.uses_ctc(model)  # its loss is computed outside: the CTC kernel reads the labels' values
         options = hf_inputs.forward_options(model, setup.image_size)  # ViT's positions interpolated to --image-size
 
         # Inference of a decoder fills transformers' own KV cache (a DynamicCache, one K and V per layer, each
@@ -587,11 +596,15 @@ class HFSource:
                     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
                     shifted = F.pad(targets, (0, 1), value=IGNORE_INDEX)[..., 1:]  # as transformers shifts labels
                     return causal_lm_loss(setup.loss, hidden, model.get_output_embeddings(), shifted)
-                if targets is not None:
+                if targets is not None and not ctc:
                     kwargs["labels"] = targets
+                if len(inputs) > 1:
+                    kwargs["decoder_input_ids"] = inputs[1]
                 out = model(**{main: inputs[0]}, **options, **kwargs)
             if not setup.training:
                 return out
+            if targets is not None and ctc:
+                return hf_audio.ctc_loss(model, out.logits, targets, inputs[0])
             if targets is not None:
                 return out.loss
             # a model without labels (DeiT's with a teacher): its last hidden state, else its first output (logits)
@@ -600,7 +613,8 @@ class HFSource:
                 hidden = out.to_tuple()[0]
             return _scalar_loss(out if hidden is None else hidden)
 
-        return Built(model=model, inputs=(ids,), targets=labels if setup.training else None, run=run,
+        inputs = (ids,) if decoder_ids is None else (ids, decoder_ids)
+        return Built(model=model, inputs=inputs, targets=labels if setup.training else None, run=run,
                      cache_tensors=_cache_tensors if cached else None,
                      kv_filled=(lambda: _cache_parts(filled)) if filled is not None else None)
 
@@ -650,10 +664,34 @@ def _check_main_input(source: HFSource, setup: Setup) -> None:
     arch = (source.config.get("architectures") or [source.config["model_type"]])[0]
     hf_inputs.check_input(source.model_class, arch)
     kind = hf_inputs.kind(source.model_class)
+    config = _config_object(source) if source.model_class is not None else None
+    if config is not None and setup.training:  # T5 without decoder_start_token_id fails shifting its labels
+        hf_inputs.check_decoder_start(source.model_class, config, arch)
+    if kind in hf_inputs.AUDIO:  # --seq is the transcript's tokens; the clip's length is hf_audio's
+        if setup.image_size is not None:
+            raise GpuwiseError(f"--image-size does not apply to {arch}, which takes audio ({kind})",
+                               "drop --image-size")
+        if config is not None:
+            hf_audio.check(source.model_class, config, arch, seq=setup.seq,
+                           audio_seconds=getattr(setup, "audio_seconds", None))
+        return
     if setup.image_size is not None and kind != hf_inputs.PIXELS:
         raise GpuwiseError(f"--image-size does not apply to {arch}, which takes {kind}", "use --seq")
     if setup.seq is not None and kind != hf_inputs.TOKENS:
         raise GpuwiseError(f"--seq does not apply to {arch}, which takes {kind}", "use --image-size")
+
+
+def _config_object(source: HFSource) -> Any:
+    """transformers' config of ``source`` (its class's defaults filled in); None where it does not build (the build
+    says why)."""
+    try:
+        import transformers
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return transformers.AutoConfig.for_model(**source._config_dict())
+    except Exception:
+        return None
 
 
 def _first_blocks(cfg: dict, n_layer: int) -> dict:
