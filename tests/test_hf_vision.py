@@ -15,6 +15,7 @@ from torch import nn
 
 from conftest import run_cli
 from gpuwise.compat import FakeTensor, FakeTensorMode
+from gpuwise.planning.autocast import CudaEmulation
 from gpuwise.planning.hf_build import concrete_constants
 
 
@@ -55,6 +56,42 @@ def test_constants_are_real_while_building_and_the_model_is_not(where):
 def test_a_real_build_is_left_alone():
     model = _build(torch.device("cpu"))
     assert torch.equal(model.scale, torch.tensor([1.0, 2.0])) and model.positions[0, 3].item() == 3
+
+
+class ConvertingNet(nn.Module):
+    """As DeepSeek-V4's and HY-V4's constructors (``RMSNorm(...).to(dtype=torch.float32)``), Inkling's ``Conv1d``: a
+    submodule converted while the model is built."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8).to(dtype=torch.float32)
+        self.low = nn.Linear(8, 8).to(torch.bfloat16)
+        self.low.weight.requires_grad_(False)
+
+
+def test_a_constructor_that_converts_a_submodule_builds_on_fake_tensors():
+    # swap_tensors refuses a fake parameter the fake mode holds a weak reference to ("Couldn't swap LayerNorm.weight")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with concrete_constants() as unreal:
+            model = ConvertingNet()
+        unreal(model)
+    assert (model.norm.weight.dtype, model.low.weight.dtype, model.low.bias.dtype) == (
+        torch.float32, torch.bfloat16, torch.bfloat16)
+    assert all(isinstance(p, nn.Parameter) and isinstance(p, FakeTensor) for p in model.parameters())
+    assert not model.low.weight.requires_grad and model.low.bias.requires_grad
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ConvertingNet().parameters())
+
+
+def test_einsum_casts_as_the_bmm_under_it_does():
+    # CUDA autocast casts the bmm an einsum becomes, below the Python API: an fp32 buffer against bf16 activations
+    # (ProphetNet's relative positions, CvT's einsum of a list) runs in bf16 there, and failed the fake bmm's check
+    with FakeTensorMode(allow_non_fake_inputs=True), CudaEmulation(torch.bfloat16):
+        x = torch.randn(2, 4, 8, dtype=torch.bfloat16)
+        buffer = torch.randn(2, 8, 3)
+        assert torch.einsum("bij,bjk->bik", x, buffer).dtype == torch.bfloat16
+        assert torch.einsum("bij,bjk->bik", [x, buffer]).shape == (2, 4, 3)
+        assert torch.tensordot(buffer, x, dims=([1], [2])).dtype == torch.bfloat16
+        assert torch.einsum("bjk->bkj", buffer).dtype == torch.float32  # one operand: no matmul, no cast
 
 
 # --- the CLI on image configs -----------------------------------------------------------------------------------

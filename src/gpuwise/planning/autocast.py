@@ -26,6 +26,11 @@ so the experts run in fp32: CUDA takes bf16 operands through its CUTLASS kernel 
 a loop of mm per group (aten/src/ATen/native/cuda/GroupedBlas.cpp ``_grouped_mm_fallback``), its output in the
 operands' dtype. The fake-tensor rule knows the bf16 kernel only and refuses fp32 ("Expected inputs of BF16
 type"): ``grouped_mm`` runs it as CUDA does.
+
+``einsum`` and ``tensordot`` are on neither list: CUDA autocast casts the ``bmm``/``mm`` they decompose into, below
+the Python API this mode sees. So an einsum of two or more float tensors (its operands, or one list of them, as CvT
+passes) has its operands cast to the lower precision here, as the bmm under it would (ProphetNet, CvT, Perceiver:
+an fp32 buffer against bf16 activations fails the fake-tensor bmm's dtype check otherwise).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpuwise.compat import FakeTensor, tree_map
+from gpuwise.compat import FakeTensor, tree_leaves, tree_map
 
 LOWER_PRECISION = frozenset({
     "__matmul__", "__rmatmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul",
@@ -50,6 +55,7 @@ FLOAT32 = frozenset({
     "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "sum", "renorm", "tan",
     "triplet_margin_loss",
 })
+CONTRACTIONS = frozenset({"einsum", "tensordot"})  # composites whose matmul autocast casts (see above)
 
 
 def grouped_mm(func, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -119,6 +125,10 @@ class CudaEmulation(TorchFunctionMode):
                 return torch.native_dropout(x, p, True)[0]
         elif self.dtype is not None and name in LOWER_PRECISION:
             args, kwargs = tree_map(lambda x: self._cast(x, self.dtype), (args, kwargs))
+        elif self.dtype is not None and name in CONTRACTIONS:
+            floats = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if len(floats) >= 2:  # one operand is a sum or a permute: no matmul under it to cast
+                args, kwargs = tree_map(lambda x: self._cast(x, self.dtype), (args, kwargs))
         elif self.dtype is not None and name in FLOAT32:
             args, kwargs = tree_map(lambda x: self._cast(x, torch.float32), (args, kwargs))
         return func(*args, **kwargs)

@@ -9,6 +9,12 @@ must not stay real (the plan counts their bytes on the device): when the constru
 buffer that is a real tensor is swapped for an empty one of the same shape, dtype and stride made where the model
 lives (a fake tensor, or a meta one), its ``requires_grad`` and any sharing between modules kept.
 
+A constructor may also convert a submodule (DeepSeek-V4's and HY-V4's ``RMSNorm(...).to(dtype=torch.float32)``,
+Inkling's ``Conv1d``). ``nn.Module._apply`` swaps fake parameters in place with ``torch.utils.swap_tensors``, which
+refuses a tensor that anything holds a weak reference to (the plan's trackers do): there, while the model is
+built, the converted tensors replace the old ones in their modules' tables instead, as ``_apply`` does for
+ordinary tensors under ``torch.__future__.set_overwrite_module_params_on_conversion(True)``.
+
     with concrete_constants() as fix:
         model = cls(config)
     fix(model)
@@ -88,6 +94,32 @@ def _unrealize(model: nn.Module) -> None:
                     table[name] = swap(t)
 
 
+def _overwriting_apply(original: Callable) -> Callable:
+    """``nn.Module._apply`` that, where swapping a fake tensor fails, puts the converted one in its place."""
+    def _apply(self: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
+        try:
+            return original(self, fn, recurse)
+        except RuntimeError as exc:
+            if "Couldn't swap" not in str(exc):
+                raise
+        done: dict[int, torch.Tensor] = {}
+        for module in self.modules() if recurse else (self,):
+            for table in (module._parameters, module._buffers):
+                for name, t in table.items():
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    if id(t) not in done:
+                        with torch.no_grad():
+                            new = fn(t)
+                        if isinstance(t, nn.Parameter) and new is not t:
+                            new = nn.Parameter(new, requires_grad=t.requires_grad)
+                        done[id(t)] = new
+                    table[name] = done[id(t)]
+        return self
+
+    return _apply
+
+
 @contextlib.contextmanager
 def concrete_constants() -> Iterator[Callable[[nn.Module], None]]:
     """Small constants made for real while a model is built under fake tensors or on the meta device; yields the
@@ -96,5 +128,10 @@ def concrete_constants() -> Iterator[Callable[[nn.Module], None]]:
     if not _unreal(torch.empty(0)):
         yield lambda model: None
         return
-    with _Constants(), _Literals():
-        yield _unrealize
+    original = nn.Module._apply
+    nn.Module._apply = _overwriting_apply(original)
+    try:
+        with _Constants(), _Literals():
+            yield _unrealize
+    finally:
+        nn.Module._apply = original
