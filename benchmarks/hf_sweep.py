@@ -61,9 +61,10 @@ _INT_FIELDS: tuple[tuple[int, tuple[str, ...]], ...] = (
           "moe_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
           "expert_ffn_hidden_size")),
     (VOCAB, ("vocab_size", "n_vocab")),
-    (EXPERTS, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")),
+    (EXPERTS, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts",
+              "zero_expert_num")),  # LongCat-Flash: identity experts, 256 by default
     (TOP_K, ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k", "top_k")),
-    (1, ("n_group", "topk_group", "first_k_dense_replace", "decoder_sparse_step")),
+    (1, ("n_group", "topk_group", "first_k_dense_replace", "decoder_sparse_step", "num_expert_group")),
     (IMAGE, ("image_size",)),
     (WIDTH // HEADS, ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "mamba_head_dim")),  # MLA, Mamba
     (WIDTH // 2, ("kv_lora_rank", "q_lora_rank")),
@@ -71,8 +72,21 @@ _INT_FIELDS: tuple[tuple[int, tuple[str, ...]], ...] = (
 )
 _OVERRIDES = {name: value for value, names in _INT_FIELDS for name in names}
 _LAYER_COUNTS = set(_INT_FIELDS[0][1])
-_HEADS, _KV_HEADS = _INT_FIELDS[2][1], set(_INT_FIELDS[3][1])
+_HEADS, _KV_HEADS, _TOP_K = _INT_FIELDS[2][1], set(_INT_FIELDS[3][1]), set(_INT_FIELDS[8][1])
 _UNSET_MOE = {"num_experts_per_tok", "n_group", "topk_group"}
+# Fields whose class default is None but which every published config of the type sets (the model cannot be built
+# without them): given the small value where the default leaves them unset. Head sizes (Ministral, Hunyuan), routed
+# experts (dots1), KV heads (Nemotron).
+_UNSET = {*_UNSET_MOE, "head_dim", "n_routed_experts", "num_key_value_heads"}
+# What published configs of a type set and the class's defaults lack, transformers 5.24 cannot build otherwise:
+# DBRX's attention config reads rope_theta and clip_qkv (databricks/dbrx-base: 500,000 and 8), LFM2-MoE its
+# layer_types (LiquidAI's configs list "conv" and "full_attention" layers; two layers of that here), dots1 its shared
+# experts (rednote-hilab/dots.llm1: 2; one here).
+_PUBLISHED: dict[str, dict[str, Any]] = {
+    "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
+    "dots1": {"n_shared_experts": 1},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+}
 _HEAD_DIMS = {"head_dim", "d_kv", "attention_head_size", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim",
               "v_head_dim", "mamba_head_dim"}
 # The configs tried in turn until transformers builds one and runs a step of it on the CPU: the small one; the same
@@ -152,7 +166,9 @@ def _shrink(config: Any, level: int) -> dict:
     for key, value in values.items():
         if isinstance(value, bool):
             continue
-        if value is None and key in _UNSET_MOE:  # DeepSeek-V2's defaults leave its routing unset
+        if value is None and key in _UNSET and level < 3:  # DeepSeek-V2's defaults leave its routing unset
+            if level == 1 and key in _HEAD_DIMS:
+                continue
             out[key] = _OVERRIDES[key]
             continue
         if key.endswith("_token_id") and isinstance(value, int) and value >= VOCAB and not any(
@@ -166,10 +182,13 @@ def _shrink(config: Any, level: int) -> dict:
             if level == 2 and (key in _LAYER_COUNTS or key in ("first_k_dense_replace", "decoder_sparse_step")):
                 continue
             want = _OVERRIDES[key]
+            if key in _TOP_K and value == 1:  # a top-1 router stays top-1 (ZAYA takes no other)
+                continue
             if key in _KV_HEADS:  # multi-head attention stays multi-head (MLA needs it), multi-query stays so
                 heads = next((values[k] for k in _HEADS if isinstance(values.get(k), int)), None)
                 want = 1 if value == 1 else HEADS if heads is not None and value >= heads else KV_HEADS
-            if key in ("n_group", "topk_group", "first_k_dense_replace", "decoder_sparse_step") and value == 0:
+            if key in ("n_group", "topk_group", "first_k_dense_replace", "decoder_sparse_step", "num_expert_group") \
+                    and value == 0:
                 continue
             if key in _LAYER_COUNTS and value < LAYERS:
                 continue
@@ -204,6 +223,8 @@ def small_config(model_type: str, architecture: str, level: int = 0) -> dict:
 
     defaults = CONFIG_MAPPING[model_type]()
     overrides = _shrink(defaults, level) if level < 3 else {}
+    for key, value in _PUBLISHED.get(model_type, {}).items():
+        overrides[key] = {**overrides.get(key, {}), **value} if isinstance(value, dict) else value
     if architecture.endswith("ForSequenceClassification") and getattr(defaults, "pad_token_id", 0) is None:
         overrides["pad_token_id"] = 0
     return {"model_type": model_type, "architectures": [architecture], **overrides}

@@ -57,6 +57,19 @@ def test_plan_has_the_real_parameter_count(sweep, task, model_type, params):
     assert (row.result, row.plan_params) == ("ok", row.real_params), row.reason
 
 
+# Small configs transformers could not build from the class's defaults alone: a None the published configs set
+# (head_dim, n_routed_experts, layer_types, DBRX's rope_theta), a top-1 router, expert groups above the experts
+BUILD = [("dbrx", "DbrxForCausalLM"), ("dots1", "Dots1ForCausalLM"), ("lfm2_moe", "Lfm2MoeForCausalLM"),
+         ("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM"), ("zaya", "ZayaForCausalLM"),
+         ("bailing_hybrid", "BailingHybridForCausalLM")]
+
+
+@pytest.mark.parametrize(("model_type", "arch"), BUILD)
+def test_small_config_builds_and_runs(sweep, model_type, arch):
+    config = sweep.small_config(model_type, arch)
+    assert sweep.real_params(config, "causal-lm") < 1_000_000  # built and run on the CPU
+
+
 def test_small_config_is_small(sweep):
     config = sweep.small_config("qwen3_moe", "Qwen3MoeForCausalLM")
     assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 64 and config["vocab_size"] == 1000
@@ -65,3 +78,5 @@ def test_small_config_is_small(sweep):
     llava = sweep.small_config("llava", "LlavaForConditionalGeneration")  # sub-configs are made small too
     assert llava["text_config"]["hidden_size"] == 64 and llava["vision_config"]["image_size"] == 32
     assert sweep._pattern(["sliding_attention"] * 5 + ["full_attention"]) == ["sliding_attention", "full_attention"]
+    longcat = sweep.small_config("longcat_flash", "LongcatFlashForCausalLM")  # its 256 identity experts, looped over
+    assert (longcat["n_routed_experts"], longcat["zero_expert_num"]) == (4, 4)
