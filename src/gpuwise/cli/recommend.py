@@ -12,6 +12,7 @@ import typer
 from gpuwise.cli._app import (
     CompileFlag,
     CpOption,
+    EpOption,
     JsonFlag,
     LoraDropoutOption,
     LoraRankOption,
@@ -95,6 +96,7 @@ def recommend(
     tp: TpOption = None,
     pp: PpOption = None,
     cp: CpOption = None,
+    ep: EpOption = None,
     nodes: NodesOption = None,
     offload: OffloadOption = None,
     tokens: Annotated[float | None, typer.Option(help="The goal: tokens to train on, e.g. 1e9.")] = None,
@@ -131,8 +133,8 @@ def recommend(
     gpus = _list(gpu, "--gpu", "GPU", "h100,a100 (gpuwise gpus lists the catalog keys)")
     segments = _list(segment, "--segment", "segment", "consumer,workstation")
     vendors = _list(vendor, "--vendor", "vendor", "NVIDIA,AMD")
-    layout = [f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("nodes", nodes), ("offload", offload))
-              if v not in (None, 1, "none")]
+    layout = [f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("nodes", nodes),
+                                                   ("offload", offload)) if v not in (None, 1, "none")]
     if layout:  # recommend enumerates data-parallel GPU counts (ddp or fsdp) for one layout: the plain one
         raise GpuwiseError(f"{layout[0]}: recommend ranks data-parallel GPU counts, not model-parallel layouts or "
                            "offload", f"plan that layout with gpuwise plan {' '.join(layout)} --gpus N, or drop "
