@@ -17,6 +17,7 @@ from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
 from gpuwise.planning.parallel import AllToAll, Layout, hot_rank_factor, layout, stage_layers
+from gpuwise.planning.quantize import experts_note
 from gpuwise.planning.remedies import Remedy, remedies
 from gpuwise.planning.serving import DecodeRead
 from gpuwise.planning.setup import Setup
@@ -64,6 +65,7 @@ class MemoryPlan:
     decode: DecodeRead | None = None  # --task decode: what one step reads (each GPU's token floor is in gpus)
     experts: Experts | None = None  # a Mixture-of-Experts model's routed experts: total and active parameters
     routing: str | None = None  # how the routed tokens were split among the experts (planning/routing.py)
+    notes: tuple[str, ...] = ()  # what the figures rest on that a user may not expect (quantize.experts_note)
     all_to_all: AllToAll | None = None  # --ep: what one GPU's all-to-alls move over a step (parallel.AllToAll)
 
 
@@ -181,6 +183,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
         decode=DecodeRead.of(step) if setup.task == "decode" else None,
         experts=experts, routing=_routing(w, experts, setup),
+        notes=tuple(n for n in (experts_note(setup, experts),) if n),
         all_to_all=_all_to_all(step, experts, source.n_layer),
     )
 

@@ -21,6 +21,28 @@ The formats, one row each (``FORMATS``), with the tensors the library keeps for 
 - ``fp8``: float8 e4m3 weights with one fp32 scale per tensor, as vLLM's fp8 checkpoints hold them; the matmul
   (W8A8, ``aten._scaled_mm``) quantises its input to fp8: no 16-bit copy of the weight.
 
+Mixture-of-Experts experts held as plain parameters (``fused_expert_weights``): transformers 5 stacks each MoE
+layer's routed experts into 3-D ``nn.Parameter`` stacks (``MixtralExperts.gate_up_proj`` ``[E, 2 ffn, hidden]``,
+``down_proj`` ``[E, hidden, ffn]``) run by ``torch._grouped_mm`` (integrations/moe.py), not ``nn.Linear``. What
+becomes of them depends on the library, so on the format (``EXPERT_FORMATS``):
+
+- ``int4`` and ``fp8``: quantised, as vLLM's fused-MoE methods store stacked experts (``AWQMoEMethod`` /
+  ``GPTQMarlinMoEMethod``: ``w13_qweight``, ``w13_qzeros``, ``w13_scales`` per expert in the linear layers' group-128
+  layout; ``Fp8MoEMethod``: ``w13_weight`` float8 e4m3 and per-tensor fp32 scales): each expert's ``out x in``
+  matrix takes the format's ``nbytes(out, in)`` (fp8: one scale for the fused gate/up matrix where vLLM keeps two,
+  4 bytes an expert). Their kernels (``fused_marlin_moe``; ``fused_experts`` W8A8) read the packed weights in
+  place: no 16-bit copy of an expert at any token count (unlike AutoAWQ's linear layers from 1024 tokens on). fp8
+  quantises the tokens entering the experts to fp8 with one fp32 scale a token (``moe_kernel_quantize_input``),
+  held while the experts run; the second matmul's quantised input is not modelled. Assumed: the routing,
+  gathering and intermediate tensors stay as transformers' grouped forward makes them, in the compute dtype.
+- ``nf4`` and ``int8`` (bitsandbytes): left in 16 bits. bitsandbytes' conversion under transformers 5 replaces
+  ``nn.Linear`` only, so fused experts are skipped silently (bitsandbytes#1849, open; ``Experts4bit``, PR #1965, not
+  merged). vLLM's ``experts_int8`` would store them in int8 with one fp32 scale a row (int8 x 16-bit matmuls), but
+  ``--weights int8`` is bitsandbytes' LLM.int8 throughout, and so are its experts. For QLoRA (transforms.py) the
+  same walker leaves them in the base's 16 bits, and PEFT's ``prepare_model_for_kbit_training`` then casts every
+  16-bit parameter that is not ``Params4bit`` to fp32 (``--qlora-recipe plain`` keeps them 16-bit).
+  ``experts_note`` is the line the plan prints when this happens.
+
 >>> round(FORMATS["nf4"].bytes_per_weight(), 4)    # 4.127 bits (QLoRA §2)
 0.5159
 """
@@ -29,12 +51,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack  # private in name, public in use since 2.0
 
 from gpuwise.errors import NotApplicable
+
+if TYPE_CHECKING:
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.source import Experts
 
 NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit (FORMATS["nf4"] is also the QLoRA base: transforms.py)
 NF4_SECOND_BLOCK = 256  # double quantisation: absmax values per fp32 constant
@@ -120,9 +148,94 @@ class QuantLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(self.compute_dtype)
 
 
+EXPERT_FORMATS = frozenset({"int4", "fp8"})  # vLLM's fused-MoE kernels run stacked experts in these (docstring)
+
+
+def _is_experts(name: str, module: nn.Module) -> bool:
+    """A module of routed experts, as source.experts_of names them: ``experts``, or a class ``...Experts``."""
+    return name.rpartition(".")[2] == "experts" or type(module).__name__.endswith("Experts")
+
+
+def fused_expert_weights(root: nn.Module) -> list[tuple[nn.Module, str, nn.Parameter]]:
+    """(owner, name, parameter) of every routed-expert weight ``root`` holds as a plain ``nn.Parameter`` of two or
+    more dimensions (transformers 5's ``[E, out, in]`` stacks, DBRX's ``[E x ffn, hidden]``), not in an
+    ``nn.Linear``: what an ``nn.Linear`` walker (bitsandbytes) never sees. Biases are left out."""
+    found, seen = [], set()
+    for name, mod in root.named_modules():
+        if not _is_experts(name, mod):
+            continue
+        for sub in mod.modules():
+            if isinstance(sub, nn.Linear):
+                continue
+            for pname, p in sub.named_parameters(recurse=False):
+                if p.dim() >= 2 and "bias" not in pname and id(p) not in seen:
+                    seen.add(id(p))
+                    found.append((sub, pname, p))
+    return found
+
+
+def _quantize_experts(owner: nn.Module, name: str, p: nn.Parameter, fmt: WeightFormat,
+                      compute_dtype: torch.dtype) -> torch.Tensor:
+    """``owner.name`` stored in ``fmt``, one ``out x in`` matrix an expert (transformers' ``is_transposed`` stacks
+    hold ``[E, in, out]``). The forward reads a 16-bit stand-in, so the grouped matmul's FLOPs are counted without
+    a 16-bit copy of the experts, as the fused kernels run: a plain attribute, not a buffer, so the plan does not
+    count it as weights (one matrix repeated over the experts by a stride-0 view, as ``_grouped_mm`` wants each
+    matrix laid out densely; a 2-D stack entirely stride 0)."""
+    *lead, a, b = p.shape
+    out_f, in_f = (b, a) if getattr(owner, "is_transposed", False) else (a, b)
+    n = 1
+    for d in lead:
+        n *= d
+    del owner._parameters[name]
+    for buf, dtype, numel in fmt.tensors:
+        owner.register_buffer(f"{name}_{buf}", torch.empty(n * numel(out_f, in_f), dtype=dtype, device=p.device))
+    one = p.shape[-2:] if p.dim() > 2 else ()
+    stand_in = torch.empty(one, dtype=compute_dtype, device=p.device).expand(p.shape)
+    setattr(owner, name, stand_in)
+    return stand_in
+
+
+def _run_experts(module: nn.Module, stand_ins: list[torch.Tensor], input_dtype: torch.dtype | None) -> None:
+    """The experts' forward as the fused kernels run it: the stand-ins' one matrix each counted as no memory (a
+    recording dispatch mode, the planner's Tracker, is told to: ``tag`` then ``discount``), and with ``input_dtype``
+    (fp8) the tokens quantised to it, one fp32 scale a token, held while the experts run."""
+    inner = module.forward
+
+    def forward(*args, **kwargs):
+        for mode in _get_current_dispatch_mode_stack():
+            if hasattr(mode, "discount") and hasattr(mode, "tag"):
+                mode.tag(stand_ins, "weights")
+                mode.discount(stand_ins)
+        x = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+        held = [] if x is None or input_dtype is None else [
+            torch.empty(x.shape, dtype=input_dtype, device=x.device),
+            torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)]
+        out = inner(*args, **kwargs)
+        del held
+        return out
+
+    module.forward = forward
+
+
+def experts_note(setup: Setup, experts: Experts | None) -> str | None:
+    """The line the plan prints when a bitsandbytes format (``--weights nf4|int8``, the ``--qlora`` base) leaves a
+    Mixture of Experts' fused expert weights (``Experts.fused``) unquantised; None otherwise."""
+    fused = experts.fused if experts is not None else 0
+    qlora = setup.task == "finetune-lora" and setup.qlora
+    if not fused or not (qlora or setup.weights in ("nf4", "int8")):
+        return None
+    what = "4-bit" if qlora or setup.weights == "nf4" else "int8 (LLM.int8)"
+    half = setup.spec.compute
+    kept = (f"they stay {half} (fp32 after PEFT's prepare_model_for_kbit_training; --qlora-recipe plain keeps them "
+            f"{half})") if setup.peft_qlora else f"they stay {half}"
+    return (f"{fused / 1e9:.1f} B expert weights are fused 3-D parameters, which bitsandbytes' {what} conversion "
+            f"skips under transformers 5 (bitsandbytes#1849): {kept}")
+
+
 def quantize_weights(blocks: nn.ModuleList | None, weights: str, compute_dtype: torch.dtype, *, model_name: str = ""
                      ) -> int:
-    """Replace every ``nn.Linear`` inside ``blocks`` by its ``weights`` storage; returns the weights quantised.
+    """Replace every ``nn.Linear`` inside ``blocks`` by its ``weights`` storage, and under ``EXPERT_FORMATS`` the
+    fused expert weights too (module docstring); returns the weights quantised.
 
     NotApplicable when the model has no blocks or no linear layers in them (a one-line error for the user)."""
     fmt = FORMATS[weights]
@@ -143,4 +256,11 @@ def quantize_weights(blocks: nn.ModuleList | None, weights: str, compute_dtype: 
         parent = blocks.get_submodule(parent_name) if parent_name else blocks
         setattr(parent, leaf, QuantLinear(lin, fmt, compute_dtype))
         count += lin.weight.numel()
+    if weights in EXPERT_FORMATS:
+        owners: dict[int, tuple[nn.Module, list[torch.Tensor]]] = {}
+        for owner, name, p in fused_expert_weights(blocks):
+            owners.setdefault(id(owner), (owner, []))[1].append(_quantize_experts(owner, name, p, fmt, compute_dtype))
+            count += p.numel()
+        for owner, stand_ins in owners.values():
+            _run_experts(owner, stand_ins, fmt.input_dtype)
     return count

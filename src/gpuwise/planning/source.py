@@ -31,6 +31,7 @@ from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning import hf_audio, hf_inputs
 from gpuwise.planning.hf_build import concrete_constants
+from gpuwise.planning.quantize import fused_expert_weights
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.stack import Misaligned, kinds_of, signatures
 from gpuwise.planning.transforms import find_blocks
@@ -68,6 +69,8 @@ class Experts:
     total: int  # the whole model's parameters
     layers: int = 0  # MoE layers (blocks holding routed experts): what --ep's all-to-alls run in
     hidden: int = 0  # the width of the tokens the experts take (the input embedding's): what the all-to-alls move
+    # of ``params``, those held as plain (fused 3-D) parameters, not nn.Linear: what bitsandbytes skips (quantize.py)
+    fused: int = 0
 
     @property
     def active(self) -> int:
@@ -103,7 +106,8 @@ def experts_of(config: Any, model: nn.Module) -> Experts | None:
     return Experts(experts=found["experts"], top_k=found["top_k"], params=params,
                    total=sum(p.numel() for p in model.parameters()),
                    layers=len({name.rpartition(".")[0] for name in outer}),
-                   hidden=getattr(emb, "embedding_dim", 0) if isinstance(emb, nn.Embedding) else 0)
+                   hidden=getattr(emb, "embedding_dim", 0) if isinstance(emb, nn.Embedding) else 0,
+                   fused=sum(p.numel() for _, _, p in fused_expert_weights(model)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,6 +59,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                      + (f"; {e.experts // s.ep} experts a layer on each GPU (--ep {s.ep})" if s.ep > 1 else ""))
     if plan.routing is not None:
         head.add_row("routing", plan.routing)
+    for note in getattr(plan, "notes", ()):
+        head.add_row("note", Text(note, style="yellow"))
     if plan.all_to_all is not None:
         a = plan.all_to_all
         head.add_row("all-to-all", f"{human_bytes(a.bytes)} sent per GPU per step, as much received: 2 (dispatch, "
@@ -162,7 +164,9 @@ def _decode_rows(plan: MemoryPlan, head: Table) -> None:
     """--task decode and --weights: what one step reads, and how the weights are stored."""
     s, d = plan.setup, plan.decode
     if s.quantized:
-        head.add_row("weights", f"{s.weights} in the blocks' linear layers (planning/quantize.py); embeddings, norms "
+        fused = plan.experts is not None and plan.experts.fused and s.weights in ("int4", "fp8")  # vLLM's fused MoE
+        head.add_row("weights", f"{s.weights} in the blocks' linear layers{' and routed experts' if fused else ''} "
+                     "(planning/quantize.py); embeddings, norms "
                      f"and head {s.spec.compute if s.spec.compute in ('bf16', 'fp16') else 'fp32'}")
     if d is not None:
         seqs = f"{d.batch} sequences" if d.batch > 1 else "1 sequence"
