@@ -13,7 +13,11 @@ LoRA targets, as Hugging Face PEFT's ``LoraConfig(target_modules=...)`` reads th
   common Hugging Face models give them (``SHORT_NAMES``).
 
 QLoRA stores every ``nn.Linear`` but the output head in 4 bits, targeted or not (transformers' bitsandbytes
-integration keeps ``get_output_embeddings()`` and tied weights out, ``get_keys_to_not_convert``).
+integration keeps ``get_output_embeddings()`` and tied weights out, ``get_keys_to_not_convert``). A Mixture of Experts'
+fused 3-D expert parameters (transformers 5) are not ``nn.Linear``: bitsandbytes leaves them as loaded, 16-bit, and
+PEFT's ``prepare_model_for_kbit_training`` casts them to fp32 with every other 16-bit parameter not in 4 bits, as the
+capture builds them (``--qlora-recipe plain``: 16-bit); they stay frozen, and the plan says so
+(quantize.experts_note, bitsandbytes#1849).
 """
 
 from __future__ import annotations
