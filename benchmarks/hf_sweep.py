@@ -235,6 +235,8 @@ def build_real(config: dict, *, device: str = "meta"):
     import torch
     import transformers
 
+    from gpuwise.planning.hf_inputs import settle
+
     cfg = {k: v for k, v in config.items() if k not in ("torch_dtype", "dtype")}
     cls = getattr(transformers, config["architectures"][0])
     error: Exception | None = None
@@ -244,7 +246,9 @@ def build_real(config: dict, *, device: str = "meta"):
             if attn is not None:
                 conf._attn_implementation = attn
             with torch.device(device):
-                return cls(conf)
+                model = cls(conf)
+            settle(model)  # a default language for X-MOD, as the plan sets it
+            return model
         except Exception as exc:
             error = exc
     assert error is not None

@@ -35,6 +35,7 @@ PLANS = [
     ("causal-lm", "gpt_neox", 195_072),
     ("masked-lm", "bert", 169_256),
     ("masked-lm", "roberta", 169_256),
+    ("masked-lm", "xmod", 177_640),  # its default language, activations indexed by a constant's mask
     ("seq-cls", "distilbert", 151_618),
     ("seq-cls", "bert", 168_258),
     ("causal-lm", "mixtral", 350_016),

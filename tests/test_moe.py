@@ -13,7 +13,7 @@ import torch
 from gpuwise.compat import FakeTensorMode
 from gpuwise.planning import Setup
 from gpuwise.planning.autocast import CudaEmulation
-from gpuwise.planning.routing import ASSUMPTION, balanced_topk
+from gpuwise.planning.routing import ASSUMPTION, BalancedRouting, balanced_topk
 from gpuwise.planning.source import HFSource
 from gpuwise.planning.tracker import Tracker
 from gpuwise.planning.workload import simulate
@@ -77,6 +77,19 @@ def test_grouped_mm_runs_as_cuda_autocast_runs_it():
     # forward, input gradient and weight gradient: 2 x s x k x n each, whatever the split among the experts
     assert tr.flops_by_op["_grouped_mm"] == 2 * s * k * n * 4  # the bf16 forward too
     assert not tr.uncosted
+
+
+def test_activations_indexed_by_a_known_mask_have_its_shape():
+    # X-MOD picks each language's rows with x[lang_ids == i], lang_ids made from the default language: the mask has a
+    # twin, the activations none; the fake index would need nonzero's data-dependent count
+    with FakeTensorMode(allow_non_fake_inputs=True), BalancedRouting() as routing:
+        ids = torch.arange(6) % 3
+        x = torch.randn(6, 4, requires_grad=True)
+        picked = x[ids == 0]
+        out = torch.zeros(6, 4)
+        out[ids != 0] = x[ids != 0] * 2
+    assert picked.shape == (2, 4) and out.shape == (6, 4)
+    assert not routing.used  # exact: no routing choice was read
 
 
 def test_balanced_topk_gives_each_expert_tokens_times_k_over_e():

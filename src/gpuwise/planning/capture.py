@@ -198,13 +198,17 @@ def _model_errors(name: str) -> Iterator[None]:
     except GpuwiseError:
         raise
     except DataDependentOutputException as exc:
-        raise GpuwiseError(f"{name} reads a tensor's value ({exc.func}) while it runs",
-                           "the plan runs on fake tensors without values: avoid .item() and data-dependent "
-                           "branches in forward") from exc
+        error = GpuwiseError(f"{name} reads a tensor's value ({exc.func}) while it runs",
+                             "the plan runs on fake tensors without values: avoid .item() and data-dependent "
+                             "branches in forward")
+        error.while_running = True  # capture() tries again with concrete constants; a build's value read is final
+        raise error from exc
     except Exception as exc:
-        raise GpuwiseError(f"running {name} on fake tensors raised {first_line(exc)}",
-                           "if one step runs on real tensors, an op's fake-tensor rule failed: report it with "
-                           "GPUWISE_DEBUG=1's traceback") from exc
+        error = GpuwiseError(f"running {name} on fake tensors raised {first_line(exc)}",
+                             "if one step runs on real tensors, an op's fake-tensor rule failed: report it with "
+                             "GPUWISE_DEBUG=1's traceback")
+        error.while_running = True
+        raise error from exc
 
 
 def _emulation(setup: Setup, device: str, *, autocast: bool, cache: bool):
@@ -220,15 +224,16 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
     """Simulate ``setup`` at micro-batch ``batch`` (with ``n_layer`` blocks if given) and record one step.
 
     ``fake=False`` runs the same step for real on ``device`` (tests on the CPU; a GPU check on "cuda",
-    which also reads ``torch.cuda.max_memory_allocated()``). A Mixture-of-Experts model that reads its router's
-    choice (a fake tensor's value) is recorded again under the balanced routing stand-in (planning/routing.py).
+    which also reads ``torch.cuda.max_memory_allocated()``). A model that reads a fake tensor's value is recorded
+    again with concrete twins of its constants (planning/routing.py): a Mixture-of-Experts model that reads its
+    router's choice under the balanced routing stand-in, a dense one that reads a constant it made (Longformer's
+    all-ones mask, X-MOD's language ids) exactly. A value read neither answers fails as before, after both tries.
     """
     try:
         return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake, routing=None)
     except GpuwiseError as exc:
-        if not fake or not isinstance(exc.__cause__, (DataDependentOutputException, DynamicOutputShapeException)):
-            raise
-        if getattr(source, "experts", None) is None:  # no routed experts: a value read the stand-in cannot answer
+        if not fake or not isinstance(exc.__cause__, (DataDependentOutputException, DynamicOutputShapeException)) \
+                or not getattr(exc, "while_running", False):  # a build that reads a value reads it again
             raise
     skew = setup.moe_imbalance if setup.ep == 1 else 1.0  # under --ep the busiest rank's rows (parallel.py)
     return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake,

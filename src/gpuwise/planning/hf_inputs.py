@@ -159,3 +159,13 @@ def check_decoder_start(cls: type | None, config: Any, arch: str) -> None:
         raise GpuwiseError(f"{arch}'s config has no decoder_start_token_id, the token its decoder starts from when it "
                            "is trained on labels", f"add decoder_start_token_id to config.json: {example}, say (T5's "
                            "published configs start from the pad token, 0; BART's from 2), or plan --task infer")
+
+
+def settle(model: torch.nn.Module) -> None:
+    """What a step needs set that a config.json may leave unset: X-MOD's ``default_language`` (its forward refuses to
+    run without one, or ``lang_ids``), the first of its ``languages``: every language's adapter is the same size, so
+    the step's memory and FLOPs do not depend on which."""
+    config = model.config
+    languages = getattr(config, "languages", None)
+    if hasattr(config, "default_language") and config.default_language is None and languages:
+        config.default_language = next(iter(languages))

@@ -8,7 +8,13 @@ splits the tokens by ``expert_size.tolist()``. There the planner needs the choic
 every expert gets tokens x k / E of them (capacity factor 1, the auxiliary balancing loss' goal: Fedus et al. 2021,
 Switch Transformer §2.2). The bookkeeping that follows (one-hot masks, sums, sorts, scatters) is run on those
 concrete tensors alongside the fake ones, and an op that reads values (``nonzero``, ``.item()``) gets its answer
-from them. Tensors that mix in activations have no concrete twin: a value read there fails as before.
+from them; activations indexed by such a boolean mask (``x[mask]``) get its true elements' indices. Tensors that
+mix in activations have no concrete twin: a value read there fails as before.
+
+Dense models that read a constant's value are recorded under the same mode, without a routing choice: then every
+answer is exact (the twins are the constants' real values), and no stand-in is stated. Longformer reads
+``attention_mask.any()`` of the all-ones mask it makes itself, X-MOD indexes activations by ``lang_ids == i`` of
+the ids it fills from the default language.
 """
 
 from __future__ import annotations
@@ -98,6 +104,10 @@ class BalancedRouting(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
+            masked = self._mask_indices(name, args)
+            if masked is not None:  # data without a twin indexed by a known boolean mask (X-MOD's language mask)
+                self.used |= masked[1]
+                return func(*masked[0], **kwargs)
             if not known:
                 raise
             self.used |= routing
@@ -120,6 +130,26 @@ class BalancedRouting(TorchDispatchMode):
             for t in outs:  # written by an op whose inputs have no twin: its twin is stale
                 self._drop(t)
         return out
+
+    def _mask_indices(self, name: str, args: tuple) -> tuple[tuple, bool] | None:
+        """``args`` of an indexing op (``x[mask]``, ``x[mask] = y``) with each boolean mask that has a twin replaced by
+        the integer indices of its true elements (``mask.nonzero()``, as the op's own kernel computes them), so that
+        the output's shape is known; and whether a mask came from a routing choice. None where the op is not one, or a
+        mask has no twin."""
+        if name not in ("index", "index_put", "index_put_", "_index_put_impl_") or len(args) < 2:
+            return None
+        indices, routing, changed = [], False, False
+        for idx in args[1]:
+            if isinstance(idx, torch.Tensor) and idx.dtype in (torch.bool, torch.uint8):
+                hit = self._get(idx)
+                if hit is None:
+                    return None
+                with _disable_current_modes():
+                    indices.extend(hit[0].bool().nonzero().unbind(1))
+                routing, changed = routing or hit[1], True
+            else:
+                indices.append(idx)
+        return ((args[0], indices, *args[2:]), routing) if changed else None
 
     def _run(self, func, args, kwargs):
         """``func`` on the concrete twins, outside every mode (an in-place op updates the twin it writes)."""

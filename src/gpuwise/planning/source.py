@@ -555,6 +555,7 @@ class HFSource:
             config, model = self._model(transformers, cfg_dict)
         hf_audio.every_layer(model)  # LayerDrop's draw reads a value: every layer runs (the step's worst case)
         hf_audio.spec_augment(model)  # wav2vec2's SpecAugment masks without a boolean index (hf_audio.py)
+        hf_inputs.settle(model)  # X-MOD's default language (hf_inputs.py)
         seq = self.tokens(setup)
         decode = setup.task == "decode"
         name = type(model).__name__
