@@ -79,8 +79,10 @@ class DecodeTime:
 class DecodeRead:
     """What one decode step reads, from its capture (``gpuwise plan --task decode``): every stored weight once but
     the rows of an untied embedding no sequence looks up (each reads one row of it; a tied one is read whole as the
-    head), and every sequence's KV cache (the N cached tokens and the new one); its FLOPs (matmuls, and attention over
-    the cache).
+    head) and, in a Mixture of Experts, the routed experts none of the batch's B tokens picks (a share
+    ``(1 - k/E)^B`` of them under uniform routing, ``UNIFORM_ROUTING``; their bytes the expert parameters' share of
+    the weights' bytes, exact where experts and the rest are stored alike), and every sequence's KV cache (the N
+    cached tokens and the new one); its FLOPs (matmuls, and attention over the cache).
     """
 
     weight_bytes: int
@@ -100,8 +102,14 @@ class DecodeRead:
         N + 1 tokens by then, and nothing but the weights and the cache is read whole)."""
         at = step.live[step.timeline.end_of_forward]
         b = step.setup.micro_batch
-        unread = sum(max(rows - b, 0) * row for rows, row in step.workload.embeddings)  # positions: <= b rows read
-        return cls(weight_bytes=int(at[CATEGORIES.index("weights")]) - unread, weights=step.setup.weights,
+        w = step.workload
+        unread = sum(max(rows - b, 0) * row for rows, row in w.embeddings)  # positions: <= b rows read
+        weights = int(at[CATEGORIES.index("weights")])
+        if w.routed is not None and w.expert_params and w.params:
+            experts, top_k = w.routed
+            untouched = experts - experts_touched(experts, top_k, b)  # expected, of each layer's E
+            unread += int(weights * w.expert_params / w.params * untouched / experts)
+        return cls(weight_bytes=weights - unread, weights=step.setup.weights,
                    kv_cache_bytes=int(at[CATEGORIES.index("kv_cache")]), flops=step.workload.flops_per_step,
                    context=step.setup.context or 0, batch=step.setup.micro_batch)
 

@@ -44,6 +44,8 @@ class Workload:
     # routed-expert parameters among ``params`` (E / ep of each MoE layer's under --ep): sharding.py shards them over
     # the shard_gpus / ep ranks left, torchtitan's dp_shard_mod_ep
     expert_params: int = 0
+    # (routed experts of each MoE layer, all GPUs together; top-k): a decode step reads the experts its tokens touch
+    routed: tuple[int, int] | None = None
 
     def at(self, micro_batch: int, grad_accum: int) -> Workload | None:
         """The workload of this step at ``micro_batch`` x ``grad_accum`` without capturing it again: every live
@@ -69,7 +71,7 @@ class Workload:
                     group = (capture_at(a, b, micro_batch), capture_at(a, b, micro_batch + 1))
                 groups.append(tuple((c.first_pass() if held == 1 else c).reweighed(grad_accum) for c in group))
             return replace(_assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.stack),
-                           expert_params=self.expert_params)
+                           expert_params=self.expert_params, routed=self.routed)
         except Misaligned:
             return None
 
@@ -148,7 +150,7 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     share = experts.params
     if setup.pp > 1:  # a pipeline stage holds its blocks' share (its blocks are all alike: HFSource.check)
         share = share * parallel.stage_layers(source.n_layer, setup) // source.n_layer
-    return replace(w, expert_params=share // setup.ep)
+    return replace(w, expert_params=share // setup.ep, routed=(experts.experts, experts.top_k))
 
 
 def _simulate(source, setup: Setup, batch_model: bool) -> Workload:
