@@ -65,7 +65,7 @@ def check(cls: type, config: Any, arch: str, *, seq: int | None, audio_seconds: 
     if seq is None:
         return
     labels = label_kind(cls)
-    if labels is None:
+    if labels not in ("ctc", "decoder"):
         raise GpuwiseError(f"--seq does not apply to {arch}, which takes audio and no transcript", "drop --seq")
     most = max_target(cls, config, audio_seconds)
     if most is not None and seq > most:
