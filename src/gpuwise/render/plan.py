@@ -56,7 +56,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
         head.add_row("experts", f"{_count(e.active)} active per token of {_count(e.total)} (top-{e.top_k} of "
                      f"{e.experts} routed experts, {_count(e.params)} of expert weights; embeddings, attention and "
                      "shared experts counted, as model cards do)"
-                     + (f"; {e.experts // s.ep} experts a layer on each GPU (--ep {s.ep})" if s.ep > 1 else ""))
+                     + (f"; {e.experts // s.ep} expert{'s' if e.experts // s.ep > 1 else ''} a layer on each GPU "
+                        f"(--ep {s.ep})" if s.ep > 1 else ""))
     if plan.routing is not None:
         head.add_row("routing", plan.routing)
     for note in getattr(plan, "notes", ()):
