@@ -171,8 +171,9 @@ def test_models_that_read_values_while_built_plan(tmp_path, capsys):
     assert w.params == _meta_params(transformers, cfg)
 
 
-def test_model_that_moves_itself_while_built_says_so(tmp_path, capsys, monkeypatch):
-    """A model whose constructor calls .to(): fake parameters cannot be swapped, and the error says so."""
+def test_model_that_converts_a_module_while_built_plans(tmp_path, capsys, monkeypatch):
+    """A model whose constructor calls .to() (DeepSeek-V4's fp32 norms): swap_tensors refuses the fake parameters
+    ("Couldn't swap"), so the converted ones take their place while the model is built (hf_build.py)."""
     transformers = pytest.importorskip("transformers")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -184,11 +185,11 @@ def test_model_that_moves_itself_while_built_says_so(tmp_path, capsys, monkeypat
     monkeypatch.setattr(transformers, "MovingModel", MovingModel, raising=False)
     assert "llama" in CONFIG_MAPPING_NAMES
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "llama", "architectures": ["MovingModel"], **SMALL,
-                                "num_hidden_layers": 2}))
-    code, _, err = run_cli(capsys, "plan", "--hf-config", str(path), "--task", "infer", "--seq", "16")
-    assert code == 2 and err.count("\n") == 1
-    assert "moves or converts a module with .to() while it is built" in err and "check model_type" not in err
+    cfg = {"model_type": "llama", "architectures": ["MovingModel"], **SMALL, "num_hidden_layers": 2}
+    path.write_text(json.dumps(cfg))
+    code, out, err = run_cli(capsys, "plan", "--hf-config", str(path), "--task", "infer", "--seq", "16", "--json")
+    assert code == 0 and err == "", err
+    assert json.loads(out)["params"] > 0
 
 
 @pytest.mark.parametrize(("config", "message"), [
