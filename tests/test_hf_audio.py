@@ -158,7 +158,11 @@ def test_audio_is_made_as_the_models_take_it():
     (WAV2VEC2, ["--seq", "500"], "--seq 499"),
     (dict(WAV2VEC2, architectures=["Wav2Vec2ForSequenceClassification"]), ["--seq", "16"], "drop --seq"),
     (WHISPER, ["--image-size", "64"], "drop --image-size"),
-], ids=["t5-no-decoder-start", "whisper-seq", "ctc-seq", "audio-classifier-seq", "whisper-image-size"])
+    (WHISPER, ["--audio-seconds", "10"], "drop --audio-seconds"),
+    (dict(T5, decoder_start_token_id=0), ["--audio-seconds", "10"], "drop --audio-seconds"),
+    (WAV2VEC2, ["--audio-seconds", "inf"], "--audio-seconds 10"),
+], ids=["t5-no-decoder-start", "whisper-seq", "ctc-seq", "audio-classifier-seq", "whisper-image-size",
+        "whisper-clip", "text-audio-seconds", "audio-seconds-inf"])
 def test_config_and_flag_errors_are_one_line(capsys, tmp_path, cfg, flags, says):
     """Said before the step is simulated: T5's config without decoder_start_token_id failed on fake tensors
     ("'T5Config' object has no attribute ...", blamed on them); a transcript longer than the model's positions or
@@ -178,3 +182,15 @@ def test_t5_plans_with_a_decoder_start_token():
     infer = _plan(cfg, micro_batch=2, seq=32, task="infer")
     assert train.params == infer.params == n
     assert train.tokens_per_step == 64 and infer.peak_bytes < train.peak_bytes
+
+
+def test_audio_seconds_sizes_the_clip(capsys, tmp_path):
+    """--audio-seconds reaches the clip: wav2vec2's inputs are 16,000 fp32 samples a second (64,000 B a clip-second),
+    planned at inference where nothing else in the step grows with the transcript."""
+    inputs = {}
+    for seconds in ("1", "2"):
+        code, out, err = run_cli(capsys, "plan", "--hf-config", _path(tmp_path, WAV2VEC2), "--task", "infer",
+                                 "--precision", "fp32", "--audio-seconds", seconds, "--json")
+        assert code == 0, err
+        inputs[seconds] = json.loads(out)["breakdown"]["inputs"]
+    assert inputs["2"] - inputs["1"] == 16_000 * 4

@@ -50,6 +50,9 @@ def plan(
                                                          "accumulated [--batch / --gpus, else 1].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
+    audio_seconds: Annotated[float | None, typer.Option(help="Seconds of audio a sample (speech models; --seq is "
+                                                             "then the transcript's tokens) [10; Whisper: 30].")
+                             ] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed, bf16 (pure), fp8 "
                                                        "(torchao float8 linear layers over bf16-mixed) or fp8-bf16 "
                                                        "(over pure bf16).")] = None,
@@ -120,7 +123,7 @@ def plan(
                                  ("--qlora-recipe", qlora_recipe)) if v is not None]
     if lora_given and task != "finetune-lora":
         raise GpuwiseError(f"{lora_given[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
-    given = {"task": task, "seq": seq, "image_size": image_size, "precision": precision,
+    given = {"task": task, "seq": seq, "image_size": image_size, "audio_seconds": audio_seconds, "precision": precision,
              "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None,
              "checkpointing": checkpointing, "sharding": sharding,
              "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}

@@ -58,7 +58,7 @@ def check(cls: type, config: Any, arch: str, *, seq: int | None, audio_seconds: 
                            "plan your own model with --model file.py:function, whose function makes the inputs")
     if audio_seconds is not None and kind == "whisper" and audio_seconds != whisper_seconds(config):
         raise GpuwiseError(f"{arch}'s encoder takes {whisper_seconds(config):g} s clips only (its feature extractor "
-                           "pads every clip to them)", "drop the audio length")
+                           "pads every clip to them)", "drop --audio-seconds")
     if audio_seconds is not None and clip_samples(config, audio_seconds, kind) < 1:
         raise GpuwiseError(f"an audio length of {audio_seconds:g} s is too short for {arch}",
                            "give at least a second of audio")

@@ -26,6 +26,7 @@ Offload = Literal["none", "optimizer", "params"]  # planning/sharding.py: ZeRO-O
 
 MAX_BATCH = 1 << 20
 MAX_ACCUM = 1 << 16
+MAX_AUDIO_SECONDS = 3600  # an hour of audio a sample
 
 
 def _choice(field: str, value: str, kind: object) -> None:
@@ -62,6 +63,7 @@ class Setup:
     micro_batch: int = 1  # samples per GPU per forward; the global batch is micro_batch x grad_accum x dp
     seq: int | None = None  # tokens; None = the model's default
     image_size: int | None = None  # pixels per side; None = the model's default
+    audio_seconds: float | None = None  # a speech model's clip length (hf_audio.py); None = its default
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     optimizer_in_backward: bool = False  # each parameter steps as soon as its gradient is ready (no accumulation)
@@ -118,6 +120,10 @@ class Setup:
         _positive("micro_batch", self.micro_batch, MAX_BATCH)
         _positive("seq", self.seq, 1 << 24)
         _positive("image_size", self.image_size, 1 << 14)
+        if self.audio_seconds is not None and not (math.isfinite(self.audio_seconds)
+                                                   and 0 < self.audio_seconds <= MAX_AUDIO_SECONDS):
+            raise GpuwiseError(f"--audio-seconds {self.audio_seconds:g} is outside (0, {MAX_AUDIO_SECONDS}]",
+                               "pass the clip length in seconds, e.g. --audio-seconds 10")
         _positive("grad_accum", self.grad_accum, MAX_ACCUM)
         _positive("gpus", self.gpus, 1 << 16)
         _positive("lora_rank", self.lora_rank, 1 << 14)

@@ -167,6 +167,9 @@ class ZooSource:
 
     def check(self, setup: Setup) -> None:
         z = self.zoo
+        if setup.audio_seconds is not None:
+            raise GpuwiseError(f"--audio-seconds applies to speech models (--hf-config), not {z.name}",
+                               "drop --audio-seconds")
         if setup.task == "decode":
             _check_decode(z.name, self.decoder is not None, self.context(setup), z.max_seq)
         if setup.attention != "sdpa" and not hasattr(z.config, "attn_impl"):
@@ -267,6 +270,9 @@ class FileSource:
     layer_kinds = None
 
     def check(self, setup: Setup) -> None:
+        if setup.audio_seconds is not None:
+            raise GpuwiseError("--audio-seconds applies to speech models of an --hf-config; your function makes the "
+                               "inputs of a model from a file", "drop --audio-seconds")
         if setup.task == "decode":
             raise GpuwiseError("--task decode feeds a KV cache the planner fills: a built-in decoder or a --hf-config "
                                "causal LM, not a model from a file", "plan --task infer (your function sizes the "
@@ -560,7 +566,7 @@ class HFSource:
         decode = setup.task == "decode"
         name = type(model).__name__
         main = hf_inputs.main_input(type(model))  # input_ids, pixel_values, input_features... (hf_inputs.py)
-        what, clip = hf_inputs.kind(type(model)), getattr(setup, "audio_seconds", None)
+        what, clip = hf_inputs.kind(type(model)), setup.audio_seconds
         # the labels' tokens: the inputs' own, or a speech model's transcript (--seq, else hf_audio's default)
         target = hf_audio.target_tokens(type(model), config, setup.seq, clip) if what in hf_inputs.AUDIO else seq
         ids = hf_inputs.make_input(what, config, batch, seq=seq, image=setup.image_size, dtype=setup.input_dtype,
@@ -677,9 +683,10 @@ def _check_main_input(source: HFSource, setup: Setup) -> None:
             raise GpuwiseError(f"--image-size does not apply to {arch}, which takes audio ({kind})",
                                "drop --image-size")
         if config is not None:
-            hf_audio.check(source.model_class, config, arch, seq=setup.seq,
-                           audio_seconds=getattr(setup, "audio_seconds", None))
+            hf_audio.check(source.model_class, config, arch, seq=setup.seq, audio_seconds=setup.audio_seconds)
         return
+    if setup.audio_seconds is not None:
+        raise GpuwiseError(f"--audio-seconds does not apply to {arch}, which takes {kind}", "drop --audio-seconds")
     if setup.image_size is not None and kind != hf_inputs.PIXELS:
         raise GpuwiseError(f"--image-size does not apply to {arch}, which takes {kind}", "use --seq")
     if setup.seq is not None and kind != hf_inputs.TOKENS:
