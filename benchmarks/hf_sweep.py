@@ -60,7 +60,7 @@ _INT_FIELDS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (FFN, ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "ffn_hidden_size",
           "moe_intermediate_size", "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
           "expert_ffn_hidden_size")),
-    (VOCAB, ("vocab_size", "n_vocab")),
+    (VOCAB, ("vocab_size", "n_vocab", "vocab_size_per_layer_input", "encoder_hash_byte_group_vocab")),  # Gemma-3n, BLT
     (EXPERTS, ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts",
               "zero_expert_num")),  # LongCat-Flash: identity experts, 256 by default
     (TOP_K, ("num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k", "top_k")),
@@ -81,10 +81,12 @@ _UNSET = {*_UNSET_MOE, "head_dim", "n_routed_experts", "num_key_value_heads"}
 # What published configs of a type set and the class's defaults lack, transformers 5.24 cannot build otherwise:
 # DBRX's attention config reads rope_theta and clip_qkv (databricks/dbrx-base: 500,000 and 8), LFM2-MoE its
 # layer_types (LiquidAI's configs list "conv" and "full_attention" layers; two layers of that here), dots1 its shared
-# experts (rednote-hilab/dots.llm1: 2; one here).
+# experts (rednote-hilab/dots.llm1: 2; one here), T5 the token its decoder starts from (google-t5/t5-small: 0, the
+# padding token).
 _PUBLISHED: dict[str, dict[str, Any]] = {
     "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
     "dots1": {"n_shared_experts": 1},
+    "t5": {"decoder_start_token_id": 0},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
 }
 _HEAD_DIMS = {"head_dim", "d_kv", "attention_head_size", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim",
@@ -193,6 +195,9 @@ def _shrink(config: Any, level: int) -> dict:
             if key in _LAYER_COUNTS and value < LAYERS:
                 continue
             out[key] = want
+        elif level < 2 and key in _OVERRIDES and isinstance(value, list) and value \
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value):  # per layer (Gemma-3n's FFN)
+            out[key] = [_OVERRIDES[key]] * LAYERS
         elif level < 2 and key in _PATTERNS and isinstance(value, (list, str)) and value:
             out[key] = _pattern(value)
         elif level < 2 and key == "depths" and isinstance(value, list):
@@ -259,13 +264,16 @@ def real_inputs(model, task: str, *, labels: bool = True) -> dict:
     """The inputs of one step of ``model`` (batch 2 x 32 tokens, or 32 px images), with labels for its loss."""
     import torch
 
+    from gpuwise.planning.hf_inputs import _token_ids
+
     conf = model.config
     if task == "image-cls":
         vision = getattr(conf, "vision_config", conf)
         inputs = {"pixel_values": torch.randn(BATCH, getattr(vision, "num_channels", 3), IMAGE, IMAGE)}
     else:
         vocab = getattr(conf, "vocab_size", None) or getattr(conf.get_text_config(), "vocab_size", None) or VOCAB
-        inputs = {"input_ids": torch.randint(int(vocab), (BATCH, SEQ))}
+        # the plan's token ids: random, each row ending with the end-of-sequence token (hf_inputs._token_ids)
+        inputs = {"input_ids": _token_ids(int(vocab), BATCH, SEQ, getattr(conf, "eos_token_id", None))}
         if getattr(conf, "use_cache", None) is not None:
             inputs["use_cache"] = False
     if labels:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,6 +39,7 @@ PLANS = [
     ("masked-lm", "xmod", 177_640),  # its default language, activations indexed by a constant's mask
     ("seq-cls", "distilbert", 151_618),
     ("seq-cls", "bert", 168_258),
+    ("seq-cls", "deberta", 168_002),  # reads its labels' values: (labels >= 0).nonzero()
     ("causal-lm", "mixtral", 350_016),
     ("causal-lm", "qwen3_moe", 350_080),
     ("image-cls", "vit", 116_802),
@@ -71,6 +73,19 @@ def test_small_config_builds_and_runs(sweep, model_type, arch):
     assert sweep.real_params(config, "causal-lm") < 1_000_000  # built and run on the CPU
 
 
+def test_token_ids_are_real_and_end_each_row_with_the_eos_token():
+    # BART's classifier pools at the end-of-sequence token and refuses rows with different numbers of it; DeBERTa's
+    # and XLM's read their labels' and ids' values, which the retry with concrete values reads off real tensors
+    from gpuwise.compat import FakeTensor, FakeTensorMode
+    from gpuwise.planning.hf_inputs import TOKENS, make_input
+
+    config = transformers.BartConfig(vocab_size=5, eos_token_id=2)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        ids = make_input(TOKENS, config, 64, seq=16, image=None, dtype=torch.float32)
+    assert not isinstance(ids, FakeTensor)
+    assert ((ids == 2).sum(1) == 1).all() and (ids[:, -1] == 2).all()
+
+
 def test_small_config_is_small(sweep):
     config = sweep.small_config("qwen3_moe", "Qwen3MoeForCausalLM")
     assert config["num_hidden_layers"] == 2 and config["hidden_size"] == 64 and config["vocab_size"] == 1000
@@ -81,3 +96,6 @@ def test_small_config_is_small(sweep):
     assert sweep._pattern(["sliding_attention"] * 5 + ["full_attention"]) == ["sliding_attention", "full_attention"]
     longcat = sweep.small_config("longcat_flash", "LongcatFlashForCausalLM")  # its 256 identity experts, looped over
     assert (longcat["n_routed_experts"], longcat["zero_expert_num"]) == (4, 4)
+    gemma3n = sweep.small_config("gemma3n_text", "Gemma3nForCausalLM")  # per-layer FFN widths, a vocabulary a layer
+    assert (gemma3n["intermediate_size"], gemma3n["vocab_size_per_layer_input"]) == ([128, 128], 1000)
+    assert sweep.small_config("t5", "T5ForSequenceClassification")["decoder_start_token_id"] == 0

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gpuwise.compat import unset_fake_temporarily
 from gpuwise.errors import GpuwiseError
 from gpuwise.planning import hf_audio
 
@@ -90,7 +91,28 @@ def make_input(what: str, config: Any, batch: int, *, seq: int, image: int | Non
     if what == PIXELS:
         channels = int(getattr(_vision(config), "num_channels", None) or 3)
         return torch.randn(batch, channels, *image_size(config, image), dtype=dtype)
-    return torch.randint(int(getattr(config, "vocab_size", None) or 32000), (batch, seq))
+    return _concrete(_token_ids, int(getattr(config, "vocab_size", None) or 32000), batch, seq,
+                     getattr(config, "eos_token_id", None))
+
+
+def _token_ids(vocab: int, batch: int, seq: int, eos: Any) -> torch.Tensor:
+    """Random token ids, each sequence ending with the config's end-of-sequence token and holding no other, as a
+    tokenizer makes them (BART's, mBART's and PLBart's classifiers pool the hidden state at that token and refuse a
+    batch whose rows hold different numbers of it)."""
+    ids = torch.randint(vocab, (batch, seq))
+    if isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < vocab and vocab > 1:
+        ids[ids == eos] = (eos + 1) % vocab
+        ids[:, -1] = eos
+    return ids
+
+
+def _concrete(factory: Any, *args: Any) -> torch.Tensor:
+    """Token ids and class labels made for real (on the CPU), under the plan's fake tensors too: a few bytes a token,
+    and where a model reads their values (XLM's and FlauBERT's lengths from the ids that are not padding, DeBERTa's
+    labelled rows, ``labels >= 0``), the retry with concrete values (capture.py, routing.py) has them to read, as a
+    real step on random tokens would."""
+    with unset_fake_temporarily():
+        return factory(*args)
 
 
 def make_labels(model: torch.nn.Module, inputs: torch.Tensor, *, seq: int) -> torch.Tensor | None:
@@ -104,9 +126,9 @@ def make_labels(model: torch.nn.Module, inputs: torch.Tensor, *, seq: int) -> to
         return hf_audio.make_labels(type(model), config, batch, seq)
     classes = max(int(getattr(config, "num_labels", 2)), 1)
     if arch.endswith(("ForSequenceClassification", "ForImageClassification")):
-        return torch.randint(classes, (batch,))
+        return _concrete(torch.randint, classes, (batch,))
     if arch.endswith("ForTokenClassification"):
-        return torch.randint(classes, (batch, seq))
+        return _concrete(torch.randint, classes, (batch, seq))
     if arch.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")) \
             and inputs.dtype == torch.long:
         return inputs
