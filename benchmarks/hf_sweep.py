@@ -50,11 +50,11 @@ EXPERTS, TOP_K = 4, 2
 # The fields a config may call each thing by, and the value each gets where the class has it (ints only).
 _INT_FIELDS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (LAYERS, ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "encoder_layers",
-             "decoder_layers", "num_encoder_layers", "text_layers", "vision_layers")),
+             "decoder_layers", "num_encoder_layers", "text_layers", "vision_layers", "num_self_attends_per_block")),
     (WIDTH, ("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "word_embed_proj_dim",
-            "embedding_size", "hidden_dim")),
+            "embedding_size", "hidden_dim", "d_latents")),
     (HEADS, ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
-            "decoder_attention_heads")),
+            "decoder_attention_heads", "num_self_attention_heads", "num_cross_attention_heads")),
     (KV_HEADS, ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num")),
     (WIDTH // HEADS, ("head_dim", "d_kv", "attention_head_size", "kv_channels")),
     (FFN, ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "ffn_hidden_size",
@@ -82,11 +82,13 @@ _UNSET = {*_UNSET_MOE, "head_dim", "n_routed_experts", "num_key_value_heads"}
 # DBRX's attention config reads rope_theta and clip_qkv (databricks/dbrx-base: 500,000 and 8), LFM2-MoE its
 # layer_types (LiquidAI's configs list "conv" and "full_attention" layers; two layers of that here), dots1 its shared
 # experts (rednote-hilab/dots.llm1: 2; one here), T5 the token its decoder starts from (google-t5/t5-small: 0, the
-# padding token).
+# padding token). Perceiver's masked LM decodes every one of its max_position_embeddings positions, and its labels
+# are the step's tokens: as many positions as those (a tokenizer pads its inputs to 2,048).
 _PUBLISHED: dict[str, dict[str, Any]] = {
     "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
     "dots1": {"n_shared_experts": 1},
     "t5": {"decoder_start_token_id": 0},
+    "perceiver": {"max_position_embeddings": SEQ},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
 }
 _HEAD_DIMS = {"head_dim", "d_kv", "attention_head_size", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim",
