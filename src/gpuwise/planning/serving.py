@@ -80,8 +80,8 @@ class DecodeRead:
     """What one decode step reads, from its capture (``gpuwise plan --task decode``): every stored weight once but
     the rows of an untied embedding no sequence looks up (each reads one row of it; a tied one is read whole as the
     head) and, in a Mixture of Experts, the routed experts none of the batch's B tokens picks (a share
-    ``(1 - k/E)^B`` of them under uniform routing, ``UNIFORM_ROUTING``; their bytes the expert parameters' share of
-    the weights' bytes, exact where experts and the rest are stored alike), and every sequence's KV cache (the N
+    ``(1 - k/E)^B`` of them under uniform routing, ``UNIFORM_ROUTING``, of the bytes the experts are stored in:
+    ``Workload.expert_bytes``), and every sequence's KV cache (the N
     cached tokens and the new one); its FLOPs (matmuls, and attention over the cache).
     """
 
@@ -105,10 +105,10 @@ class DecodeRead:
         w = step.workload
         unread = sum(max(rows - b, 0) * row for rows, row in w.embeddings)  # positions: <= b rows read
         weights = int(at[CATEGORIES.index("weights")])
-        if w.routed is not None and w.expert_params and w.params:
+        if w.routed is not None and w.expert_bytes:
             experts, top_k = w.routed
             untouched = experts - experts_touched(experts, top_k, b)  # expected, of each layer's E
-            unread += int(weights * w.expert_params / w.params * untouched / experts)
+            unread += int(w.expert_bytes * untouched / experts)
         return cls(weight_bytes=weights - unread, weights=step.setup.weights,
                    kv_cache_bytes=int(at[CATEGORIES.index("kv_cache")]), flops=step.workload.flops_per_step,
                    context=step.setup.context or 0, batch=step.setup.micro_batch)

@@ -46,6 +46,7 @@ class Workload:
     expert_params: int = 0
     # (routed experts of each MoE layer, all GPUs together; top-k): a decode step reads the experts its tokens touch
     routed: tuple[int, int] | None = None
+    expert_bytes: int = 0  # the bytes ``expert_params`` are stored in (their dtype, or --weights' format)
 
     def at(self, micro_batch: int, grad_accum: int) -> Workload | None:
         """The workload of this step at ``micro_batch`` x ``grad_accum`` without capturing it again: every live
@@ -71,7 +72,8 @@ class Workload:
                     group = (capture_at(a, b, micro_batch), capture_at(a, b, micro_batch + 1))
                 groups.append(tuple((c.first_pass() if held == 1 else c).reweighed(grad_accum) for c in group))
             return replace(_assemble(self.model, setup, per_sample * micro_batch * grad_accum, groups, self.stack),
-                           expert_params=self.expert_params, routed=self.routed)
+                           expert_params=self.expert_params, routed=self.routed,
+                           expert_bytes=self.expert_bytes)
         except Misaligned:
             return None
 
@@ -150,7 +152,22 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     share = experts.params
     if setup.pp > 1:  # a pipeline stage holds its blocks' share (its blocks are all alike: HFSource.check)
         share = share * parallel.stage_layers(source.n_layer, setup) // source.n_layer
-    return replace(w, expert_params=share // setup.ep, routed=(experts.experts, experts.top_k))
+    return replace(w, expert_params=share // setup.ep, routed=(experts.experts, experts.top_k),
+                   expert_bytes=int(share * _expert_bytes_per_param(setup, experts)) // setup.ep)
+
+
+def _expert_bytes_per_param(setup: Setup, experts) -> float:
+    """Bytes a routed-expert parameter is stored in: the weights' dtype, or ``--weights``' format where it applies to
+    experts (quantize.py: nn.Linear experts always; transformers 5's fused 3-D experts under vLLM's formats only)."""
+    from gpuwise.planning.quantize import EXPERT_FORMATS, FORMATS
+
+    held = float(setup.weight_dtype.itemsize)
+    if not setup.quantized or not experts.params:
+        return held
+    packed = FORMATS[setup.weights].bytes_per_weight()
+    fused = min(experts.fused, experts.params)
+    return (fused * (packed if setup.weights in EXPERT_FORMATS else held) + (experts.params - fused) * packed) \
+        / experts.params
 
 
 def _simulate(source, setup: Setup, batch_model: bool) -> Workload:
