@@ -22,7 +22,7 @@ run: $(STAMP)
 	@$(BIN)/gpuwise doctor; status=$$?; $(BIN)/gpuwise plan --model gpt2 --batch 8 && exit $$status
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
