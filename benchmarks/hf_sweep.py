@@ -83,12 +83,14 @@ _UNSET = {*_UNSET_MOE, "head_dim", "n_routed_experts", "num_key_value_heads"}
 # layer_types (LiquidAI's configs list "conv" and "full_attention" layers; two layers of that here), dots1 its shared
 # experts (rednote-hilab/dots.llm1: 2; one here), T5 the token its decoder starts from (google-t5/t5-small: 0, the
 # padding token). Perceiver's masked LM decodes every one of its max_position_embeddings positions, and its labels
-# are the step's tokens: as many positions as those (a tokenizer pads its inputs to 2,048).
+# are the step's tokens: as many positions as those (a tokenizer pads its inputs to 2,048). Zamba shares one
+# attention block among its hybrid layers, and transformers 5.24 cannot tie it with one such layer: two of them.
 _PUBLISHED: dict[str, dict[str, Any]] = {
     "dbrx": {"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
     "dots1": {"n_shared_experts": 1},
     "t5": {"decoder_start_token_id": 0},
     "perceiver": {"max_position_embeddings": SEQ},
+    "zamba": {"layers_block_type": ["hybrid", "hybrid"]},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
 }
 _HEAD_DIMS = {"head_dim", "d_kv", "attention_head_size", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim",

@@ -61,10 +61,11 @@ def test_plan_has_the_real_parameter_count(sweep, task, model_type, params):
 
 
 # Small configs transformers could not build from the class's defaults alone: a None the published configs set
-# (head_dim, n_routed_experts, layer_types, DBRX's rope_theta), a top-1 router, expert groups above the experts
+# (head_dim, n_routed_experts, layer_types, DBRX's rope_theta), a top-1 router, expert groups above the experts, Zamba's
+# shared attention block in one hybrid layer
 BUILD = [("dbrx", "DbrxForCausalLM"), ("dots1", "Dots1ForCausalLM"), ("lfm2_moe", "Lfm2MoeForCausalLM"),
          ("hunyuan_v1_moe", "HunYuanMoEV1ForCausalLM"), ("zaya", "ZayaForCausalLM"),
-         ("bailing_hybrid", "BailingHybridForCausalLM")]
+         ("bailing_hybrid", "BailingHybridForCausalLM"), ("zamba", "ZambaForCausalLM")]
 
 
 @pytest.mark.parametrize(("model_type", "arch"), BUILD)
