@@ -234,8 +234,13 @@ def small_config(model_type: str, architecture: str, level: int = 0) -> dict:
     overrides = _shrink(defaults, level) if level < 3 else {}
     for key, value in _PUBLISHED.get(model_type, {}).items():
         overrides[key] = {**overrides.get(key, {}), **value} if isinstance(value, dict) else value
-    if architecture.endswith("ForSequenceClassification") and getattr(defaults, "pad_token_id", 0) is None:
-        overrides["pad_token_id"] = 0
+    if architecture.endswith("ForSequenceClassification"):
+        if getattr(defaults, "pad_token_id", 0) is None:
+            overrides["pad_token_id"] = 0
+        for key in getattr(defaults, "sub_configs", {}) or {}:  # Qwen3.5's classifier reads its text config's
+            sub = getattr(defaults, key, None)
+            if sub is defaults.get_text_config() and getattr(sub, "pad_token_id", 0) is None:
+                overrides[key] = {**overrides.get(key, {}), "pad_token_id": 0}
     return {"model_type": model_type, "architectures": [architecture], **overrides}
 
 

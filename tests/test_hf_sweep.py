@@ -100,6 +100,8 @@ def test_small_config_is_small(sweep):
     gemma3n = sweep.small_config("gemma3n_text", "Gemma3nForCausalLM")  # per-layer FFN widths, a vocabulary a layer
     assert (gemma3n["intermediate_size"], gemma3n["vocab_size_per_layer_input"]) == ([128, 128], 1000)
     assert sweep.small_config("t5", "T5ForSequenceClassification")["decoder_start_token_id"] == 0
+    qwen35 = sweep.small_config("qwen3_5", "Qwen3_5ForSequenceClassification")  # its classifier reads text_config's
+    assert qwen35["text_config"]["pad_token_id"] == 0
     perceiver = sweep.small_config("perceiver", "PerceiverForMaskedLM")  # it decodes every position it has
     assert (perceiver["max_position_embeddings"], perceiver["d_latents"], perceiver["num_self_attends_per_block"]) \
         == (32, 64, 2)
