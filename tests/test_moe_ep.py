@@ -83,13 +83,81 @@ def test_each_all_to_all_holds_its_send_and_receive_buffers_while_it_runs(planne
     assert (temp[1] - temp[0], temp[2] - temp[1], temp[3] - temp[0]) == (rows, rows, TOKENS * H * 4)
 
 
+ATTENTION = (2 * H * H + 2 * H * H // 2) * LAYERS  # q and o (H x H), k and v (H x H/2: 2 of 4 heads are KV)
+VOCAB = 2 * 1000 * H  # the embedding and the untied LM head
+ROUTER = H * E * LAYERS  # the router's gate: whole on every rank
+
+
+def test_tensor_parallel_splits_every_expert_ffn_width(planner):
+    # --tp 2 without --ep: q, k, v, o and the vocabulary halved (transformers' Mixtral views its logits by its own
+    # vocab_size, cut too), and every expert's gate, up (fused gate_up_proj) and down matrices at FFN / 2 wide
+    one = planner.per_gpu(Setup(micro_batch=BATCH, seq=SEQ, gpus=2))
+    step = planner.per_gpu(Setup(micro_batch=BATCH, seq=SEQ, gpus=2, tp=2))
+    total = planner.source.experts.total
+    assert total == 350_016
+    assert step.workload.params == total - ATTENTION // 2 - VOCAB // 2 - E * EXPERT * LAYERS // 2 == 175_424
+    assert step.workload.expert_params == E * EXPERT // 2 * LAYERS
+    # FLOPs: everything halves but the router (forward 2, backward 4 per weight and token), which stays whole
+    router = 6 * TOKENS * ROUTER
+    assert step.workload.flops_per_step == (one.workload.flops_per_step - router) // 2 + router
+
+
 def test_tensor_and_expert_parallel_together_split_what_each_splits(planner):
-    # --tp 2: q, k, v, o and the vocabulary halved (transformers' Mixtral views its logits by its own vocab_size, cut
-    # too); the stacked experts are not linear layers, so TP leaves them whole and --ep 2 halves them
+    # --tp 2 --ep 2: each GPU holds E / 2 experts of every layer (EP), each FFN / 2 wide (TP), the rest as --tp 2
     step = planner.per_gpu(Setup(micro_batch=BATCH, seq=SEQ, gpus=GPUS, tp=2, ep=2))
-    attention = (2 * H * H + 2 * H * H // 2) * LAYERS
-    vocab = 2 * 1000 * H  # the embedding and the untied LM head
-    assert step.workload.params == planner.source.experts.total - attention // 2 - vocab // 2 - E // 2 * EXPERT * LAYERS
+    held = E // 2 * EXPERT // 2 * LAYERS
+    assert step.workload.params == planner.source.experts.total - ATTENTION // 2 - VOCAB // 2 - E * EXPERT * LAYERS \
+        + held == 126_272
+    assert step.workload.expert_params == held
+
+
+def _experts_module(cfg: dict):
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**cfg)
+    with torch.device("meta"):
+        model = getattr(transformers, cfg["architectures"][0])(config)
+    from gpuwise.planning.parallel import _routed_modules
+
+    return _routed_modules(model)[0]
+
+
+# (config, {parameter: (shape whole, shape on one of --tp 2 ranks)}) at hidden 64, expert width 128, 4 experts: the
+# layouts transformers 5 stores the experts in
+_WIDE = {"hidden_size": H, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 256}
+LAYOUTS = [
+    ({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "intermediate_size": FFN,
+      "num_local_experts": E, **_WIDE},  # [E, 2 ffn, hidden] with gate and up concatenated; down [E, hidden, ffn]
+     {"gate_up_proj": ((E, 2 * FFN, H), (E, FFN, H)), "down_proj": ((E, H, FFN), (E, H, FFN // 2))}),
+    ({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "moe_intermediate_size": FFN,
+      "num_experts": E, "head_dim": 16, **_WIDE},
+     {"gate_up_proj": ((E, 2 * FFN, H), (E, FFN, H)), "down_proj": ((E, H, FFN), (E, H, FFN // 2))}),
+    ({"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "intermediate_size": FFN,
+      "num_local_experts": E, "head_dim": 16, "layer_types": ["full_attention"], **_WIDE},  # is_transposed, biases
+     {"gate_up_proj": ((E, H, 2 * FFN), (E, H, FFN)), "gate_up_proj_bias": ((E, 2 * FFN), (E, FFN)),
+      "down_proj": ((E, FFN, H), (E, FFN // 2, H)), "down_proj_bias": ((E, H), (E, H))}),  # added after the reduce
+    ({"model_type": "dbrx", "architectures": ["DbrxForCausalLM"], "d_model": H, "n_heads": 4, "n_layers": 1,
+      "vocab_size": 256, "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0},
+      "ffn_config": {"ffn_hidden_size": FFN, "moe_num_experts": E, "moe_top_k": 2}},  # [E x ffn, hidden], three
+     {"mlp.w1": ((E * FFN, H), (E * FFN // 2, H)), "mlp.v1": ((E * FFN, H), (E * FFN // 2, H)),
+      "mlp.w2": ((E * FFN, H), (E * FFN // 2, H))}),
+]
+
+
+@pytest.mark.parametrize(("cfg", "shapes"), LAYOUTS, ids=lambda c: c.get("model_type", ""))
+def test_tensor_parallel_cuts_each_expert_layout_along_its_ffn_width(cfg, shapes):
+    from gpuwise.planning.parallel import shard_experts
+
+    name, module = _experts_module(cfg)
+    assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {n: whole for n, (whole, _) in shapes.items()}
+    shard_experts(module, name, 2)
+    assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {n: half for n, (_, half) in shapes.items()}
+    if "gate_up_proj" in shapes and not module.is_transposed:  # the fused [gate; up], as the forward splits it:
+        gate, up = torch.empty(3, module.gate_up_proj.shape[1]).chunk(2, dim=-1)  # a rank's FFN / 2 of each
+        assert gate.shape[-1] == up.shape[-1] == FFN // 2
+    if cfg["model_type"] == "dbrx":  # its forward views the stacked matrices by ffn_hidden_size: cut too
+        assert module.ffn_hidden_size == FFN // 2
 
 
 def test_fsdp_shards_expert_states_over_the_ranks_ep_leaves(planner):
@@ -103,6 +171,74 @@ def test_fsdp_shards_expert_states_over_the_ranks_ep_leaves(planner):
     assert (pn + pe) / n == pytest.approx(pn / GPUS + pe / (GPUS // 2))
     assert (pn + pe) / n == pytest.approx((pn + E * EXPERT * LAYERS) / GPUS)
     assert mem["optimizer"] == pytest.approx(fsdp["optimizer"], rel=2e-3)  # fp32 AdamW states; 512-B rounding apart
+
+
+def test_paged_optimizer_share_under_ep_is_sharded_as_the_optimizer_column(tmp_path):
+    # bitsandbytes pages the 8-bit states of 1e5 elements or more: at hidden 128 and expert width 512 each GPU's
+    # experts' gate_up_proj (1 x 1024 x 128 at ep = 4) and the embedding and head (1000 x 128); fsdp over 4 GPUs.
+    # The paged bytes are part of the optimizer column, so they shard with it: the same share of the column after
+    # sharding as the capture's (before: the GPU's paged bytes over all 4 GPUs while the column, its experts over the
+    # 4 / ep ranks holding them, shrank less: 0.35 of the column at ep = 4 against 0.75 captured)
+    cfg = {**MIXTRAL, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 1}
+    path = tmp_path / "mixtral.json"
+    path.write_text(json.dumps(cfg))
+    wide = Planner(HFSource.from_path(path))
+    opt = CAT["optimizer"]
+    for ep in (1, 4):
+        step = wide.per_gpu(Setup(micro_batch=1, seq=16, gpus=GPUS, ep=ep, sharding="fsdp",
+                                  optimizer="paged-adamw8bit"))
+        captured = step.workload.timeline.base[:, opt].max()
+        column = step.live[:, opt].max()
+        assert step.workload.paged_bytes > 0
+        assert step.paged_bytes / column == pytest.approx(step.workload.paged_bytes / captured, rel=1e-4), ep
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_expert_gradients_reduce_over_the_ranks_that_hold_them(planner, sharding):
+    from gpuwise.planning.costmodel import comm_bytes
+
+    # 4 GPUs, bf16-mixed: the non-expert Pn parameters reduce over all 4 ranks (share 3/4); each GPU's experts over
+    # the 4 / ep ranks holding the same ones: share 1/2 at ep = 2, none at ep = 4 (every GPU its own)
+    pn = planner.source.experts.total - E * EXPERT * LAYERS
+    # DDP: all-reduce 2 x share x fp32 gradients; FSDP: reduce-scatter fp32 gradients (share x 4 B) and all-gather
+    # 16-bit parameters in forward and backward (share x 2 x 2 B): 8 B a parameter either way
+    per_param = 8
+    for ep, experts in ((4, 0), (2, 0.5 * E // 2 * EXPERT * LAYERS * per_param)):
+        step = planner.per_gpu(Setup(micro_batch=BATCH, seq=SEQ, gpus=GPUS, ep=ep, sharding=sharding))
+        assert comm_bytes(step)[0] == pytest.approx(0.75 * pn * per_param + experts), ep
+
+
+def test_all_to_all_counts_recompute_and_the_busiest_gpu(capsys, config, planner):
+    from collections import Counter
+
+    unit = LAYERS * TOKENS * K * H * 4 // 2  # one exchange's rows leaving a GPU, fp32, (ep - 1) / ep of them
+    # --checkpointing full: the block's recomputation runs the dispatch again (torch's checkpoint stops after the
+    # experts' saved inputs, before the combine): the capture's backward holds one more exchange's buffers a layer
+    counts = {}
+    for ck in ("none", "full"):
+        step = planner.per_gpu(Setup(micro_batch=BATCH, seq=SEQ, gpus=GPUS, ep=2, checkpointing=ck))
+        c = step.workload.captures[0][0]
+        counts[ck] = Counter(label[0] for op, label in zip(c.ops, c.labels, strict=True) if op == "new_empty")
+    assert counts["full"]["backward"] - counts["none"]["backward"] == 3 * LAYERS  # send, receive, rows handed on
+    base = ["plan", "--hf-config", str(config), "--seq", str(SEQ), "--micro-batch", str(BATCH), "--gpus", str(GPUS),
+            "--ep", "2", "--gpu", "h100-sxm", "--json"]
+    # --moe-imbalance 2: the busiest GPU takes 2 x tokens x k rows in each dispatch (forward, recomputed) and in the
+    # combine's backward, and sends them back in the combine and the dispatch's backward; its own tokens' rows the
+    # other way
+    code, out, err = run_cli(capsys, *base, "--checkpointing", "full", "--moe-imbalance", "2")
+    assert code == 0, err
+    a2a = json.loads(out)["all_to_all"]
+    assert a2a["exchanges"] == 5  # dispatch and combine, forward and backward, and the dispatch recomputed
+    sent = unit * (1 + 1 + 1) + 2 * unit * (1 + 1)  # dispatch x2 and combine-backward: 1x; combine, dispatch-bwd: 2x
+    received = 2 * unit * (2 + 1) + unit * (1 + 1)
+    assert (a2a["bytes"], a2a["received"], a2a["busiest"]) == (sent, received, 5 * 2 * unit)
+    # timed: every exchange waits on the busiest GPU's 2 x unit, over H100 NVLink 4: 900 GB/s both ways, 450 a
+    # direction, x0.82 (NVIDIA/nccl-tests#212's 370 of 450 GB/s): 369 GB/s; the step's figure carries it
+    assert a2a["seconds"] == pytest.approx(5 * 2 * unit / 369e9)
+    code, out, err = run_cli(capsys, *base[:-1], "--checkpointing", "full", "--moe-imbalance", "2")
+    text = " ".join(out.split())
+    assert "as much received" not in text and f"receives {received / 1024:g} KiB per step" in text, text
+    assert "added to the step time" in text and "all-to-all 369 GB/s busbw" in text
 
 
 def test_all_to_all_bytes_are_the_formula_in_the_json_and_the_text(capsys, config):
@@ -178,6 +314,8 @@ def test_moe_layers_and_width_of_the_fixtures():
      "between 1 and 2"),
     (["--moe-imbalance", "0.5"], "--moe-imbalance 0.5 is not a finite number of at least 1", "--moe-imbalance 1.25"),
     (["--moe-imbalance", "nan"], "--moe-imbalance nan is not a finite number", "--moe-imbalance 1.25"),
+    (["--ep", "-2"], "--ep -2 is outside 1..4096", "pass a whole number"),  # not the --gpus -2 they made
+    (["--tp", "-2"], "--tp -2 is outside 1..4096", "pass a whole number"),
 ])
 def test_bad_ep_and_imbalance_are_one_line_errors(capsys, config, args, message, hint):
     code, _, err = run_cli(capsys, "plan", "--hf-config", str(config), "--seq", str(SEQ), *args)
@@ -192,7 +330,8 @@ def test_ep_and_imbalance_on_a_dense_model_are_one_line_errors(capsys, flag):
     assert "applies to a Mixture-of-Experts model's routed experts; gpt2 has none" in err
 
 
-def test_train_refuses_ep_as_plan_only(capsys):
-    code, _, err = run_cli(capsys, "train", "--steps", "1", "--no-auto", "--ep", "2")
+@pytest.mark.parametrize(("flag", "value"), [("--ep", "2"), ("--moe-imbalance", "2")])
+def test_train_refuses_ep_as_plan_only(capsys, flag, value):
+    code, _, err = run_cli(capsys, "train", "--steps", "1", "--no-auto", flag, value)
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("error: plan only: --ep 2 is planned by gpuwise plan") and "drop --ep" in err
+    assert err.startswith(f"error: plan only: {flag} {value} is planned by gpuwise plan") and f"drop {flag}" in err

@@ -113,6 +113,7 @@ def plan(
                            "every catalog GPU")
     from gpuwise.files import model_files
     from gpuwise.planning import Setup  # without torch: the arguments are checked before it loads
+    from gpuwise.planning.setup import _positive
 
     training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
                                     ("--checkpointing", checkpointing)) if v not in (None, False)]
@@ -133,6 +134,8 @@ def plan(
     given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload, "sp": sequence_parallel or None}
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     given |= {"ep": ep, "moe_imbalance": moe_imbalance}
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):  # before the --gpus they make
+        _positive(name, value, 1 << 12)
     gpus = n_gpus or (tp or 1) * (pp or 1) * (cp or 1) * (ep or 1)
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=gpus,
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})

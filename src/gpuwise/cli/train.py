@@ -76,6 +76,8 @@ def train(
     pp: Annotated[int | None, typer.Option("--pp", help="Plan only (pipeline parallelism).")] = None,
     cp: Annotated[int | None, typer.Option("--cp", help="Plan only (context parallelism).")] = None,
     ep: Annotated[int | None, typer.Option("--ep", help="Plan only (expert parallelism).")] = None,
+    moe_imbalance: Annotated[float | None, typer.Option("--moe-imbalance", help="Plan only (expert parallelism)."
+                                                        )] = None,
     nodes: Annotated[int | None, typer.Option("--nodes", help="Plan only (HSDP).")] = None,
     offload: Annotated[str | None, typer.Option("--offload", help="Plan only (CPU offload).")] = None,
     fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel [fused on GPUs].")] = None,
@@ -122,9 +124,10 @@ def train(
             raise plan_only(f"{flag} {value} (inference) is planned by gpuwise plan; gpuwise train trains",
                             f"drop {flag}, or see the plan: gpuwise plan --task decode {flag} {value}")
 
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--nodes", nodes),
-                        ("--offload", offload)):
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--ep", ep), ("--moe-imbalance", moe_imbalance),
+                        ("--nodes", nodes), ("--offload", offload)):
         if value is not None and value not in (1, "none"):  # the trainer runs DDP and FSDP2 over one group
+            value = f"{value:g}" if isinstance(value, float) else value
             raise plan_only(f"{flag} {value} is planned by gpuwise plan; gpuwise train runs data parallelism only",
                             f"drop {flag}, or see the plan: gpuwise plan {flag} {value}")
 

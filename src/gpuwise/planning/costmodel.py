@@ -183,10 +183,11 @@ def _pcie_gbps(link: str | None) -> float | None:
     return _PCIE_GBPS_PER_LANE[m.group(1)] * int(m.group(2) or 16)
 
 
-def allreduce_link(acc: Accelerator, gpus: int) -> Link | None:
-    """The all-reduce bus bandwidth of ``gpus`` of ``acc``: measured when the catalog has it, else derived from the
-    link; across nodes the network's share per GPU caps it. None: the GPU has no link to another."""
-    measured = getattr(acc, "allreduce_busbw_gbps", None)
+def allreduce_link(acc: Accelerator, gpus: int, *, measured_ok: bool = True) -> Link | None:
+    """The all-reduce bus bandwidth of ``gpus`` of ``acc``: measured when the catalog has it (and ``measured_ok``),
+    else derived from the link; across nodes the network's share per GPU caps it. None: the GPU has no link to
+    another."""
+    measured = getattr(acc, "allreduce_busbw_gbps", None) if measured_ok else None
     bridge = "2-way" in (acc.interconnect or "")
     if measured:
         intra = Link(busbw_gbps=float(measured),
@@ -222,23 +223,55 @@ def comm_bytes(step: PerGpu) -> tuple[float, float]:
     DDP all-reduces the gradients (in the weights' dtype) once per step (no_sync on the other micro-batches);
     ZeRO-1/2 reduce-scatter 16-bit gradients and all-gather the updated 16-bit parameters; FSDP all-gathers
     the 16-bit parameters in forward and again in backward on every micro-batch and reduce-scatters the
-    gradients (fp32 under mixed precision, training/parallelize.py) once per step: 1.5x DDP in one dtype."""
+    gradients (fp32 under mixed precision, training/parallelize.py) once per step: 1.5x DDP in one dtype.
+
+    Under --ep the routed experts' ``Pe`` parameters (the GPU's, ``expert_params``) are held by only n / ep of the
+    n = dp x cp data-parallel ranks (torchtitan's ``dp_shard_mod_ep`` mesh, as sharding.py shards them), so their
+    collectives run over that group: share (n - 1) / n for the other ``Pn`` parameters, (n/ep - 1) / (n/ep) for
+    ``Pe`` (none when ep = n: every rank holds its own experts):
+
+        DDP       2 [share Pn + share_e Pe] x weight bytes
+        ZeRO-1/2  2 [share Pn + share_e Pe] x 16-bit bytes
+        FSDP      share (2 accum Pn_all x 16-bit + Pn x grad bytes) + share_e (2 accum Pe x 16-bit + Pe x grad bytes)
+
+    (Pn of the trainable parameters; Pn_all of all of them)."""
     s = step.setup
     n = s.dp * s.cp  # the gradient-reducing group; tensor, pipeline and ring traffic is not timed (parallel.py)
     if n == 1 or not s.training:
         return 0.0, 0.0
     w = step.workload
     share = (n - 1) / n
+    pe = w.expert_params if s.ep > 1 and w.expert_params <= w.trainable_params else 0
+    group = n // s.ep if pe else n  # the ranks that hold the same experts
+    share_e = (group - 1) / group
     half = s.compute_dtype.itemsize
+
+    def split(params: int) -> float:  # params' worth of one collective's bytes share, the experts over their group
+        return share * (params - pe) + share_e * pe
+
     if s.sharding == "ddp":
         grads = w.trainable_params * s.weight_dtype.itemsize
-        return 2 * share * grads, 2 * share * min(grads, DDP_BUCKET_BYTES)
+        return 2 * split(w.trainable_params) * s.weight_dtype.itemsize, 2 * share * min(grads, DDP_BUCKET_BYTES)
     if s.sharding in ("zero1", "zero2"):
-        total = share * w.trainable_params * half * 2
+        total = split(w.trainable_params) * half * 2
         return total, 2 * share * min(w.trainable_params * half, DDP_BUCKET_BYTES)
-    reduce = w.trainable_params * (4 if s.mixed else half)
-    gathers = 2 * s.grad_accum * w.params * half
-    return share * (gathers + reduce), share * (w.block_bytes + w.block_trainable_params * (4 if s.mixed else half))
+    grad_bytes = 4 if s.mixed else half
+    total = split(w.trainable_params) * grad_bytes + 2 * s.grad_accum * split(w.params) * half
+    return total, share * (w.block_bytes + w.block_trainable_params * grad_bytes)
+
+
+def all_to_all_time(a2a, acc: Accelerator) -> tuple[float, Link] | None:
+    """Seconds the --ep all-to-alls (parallel.AllToAll) take a step on ``acc``: the bytes the busiest GPU moves
+    each way (``AllToAll.busiest``, the (ep - 1) / ep that leave the GPU) over the bus bandwidth of the ``ep``
+    GPUs' link (the node's; the network's share where ep is more GPUs than a node has). NCCL's all-to-all bus
+    bandwidth is taken as the link's per direction x efficiency (``allreduce_link``'s derived figure, not a
+    measured all-reduce's: NVLink SHARP speeds up all-reduce, not all-to-all). Not hidden: the experts wait on the
+    dispatch and the next layer on the combine. None: the GPU has no link figure."""
+    link = allreduce_link(acc, a2a.ep, measured_ok=False)
+    if link is None:
+        return None
+    link = Link(busbw_gbps=link.busbw_gbps, source=link.source.replace("all-reduce", "all-to-all", 1))
+    return a2a.busiest / (link.busbw_gbps * 1e9), link
 
 
 def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None, int8: bool = False):

@@ -11,7 +11,7 @@ from typing import Literal
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.costmodel import step_time_floor
+from gpuwise.planning.costmodel import all_to_all_time, step_time_floor
 from gpuwise.planning.setup import MAX_BATCH
 from gpuwise.planning.sharding import PerGpu
 from gpuwise.units import MiB
@@ -77,13 +77,19 @@ def max_micro_batch(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVE
 
 
 def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES,
-           calibration: Calibration | None = None) -> GpuFit:
-    """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time floor there."""
+           calibration: Calibration | None = None, all_to_all=None) -> GpuFit:
+    """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time floor there (plus
+    the --ep all-to-alls' time, ``all_to_all``: parallel.AllToAll, where the GPU has a link figure; the experts wait
+    on them, so they do not hide under the compute)."""
     required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
     no_fp8 = step.setup.spec.float8 and not acc.peak_tflops.get("fp8")  # before Ada and Hopper: no fp8 tensor cores
     floor = step_time_floor(step, acc, calibration)
     step_s, token_s = None if floor is None else floor.seconds, None
+    if step_s is not None and all_to_all is not None:
+        timed = all_to_all_time(all_to_all, acc)
+        if timed is not None:
+            step_s += timed[0]
     if step.setup.task == "decode":  # one step is one token: the floor of the bytes it must read
         from gpuwise.planning.serving import DecodeRead, decode_floor
 

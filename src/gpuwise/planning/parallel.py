@@ -5,7 +5,10 @@ inside the fake mode, so the capture records what one rank allocates and compute
 
 - ``--tp N`` (Megatron-LM, Shoeybi et al. 2019 sec. 3; torchtitan's ``parallelize_llama``): in every block the
   first linear layer of each pair is column-parallel (q, k, v, gate, up: output features / N), the second
-  row-parallel (o, down: input features / N), so each rank runs heads / N (and kv heads / N) and ffn / N; the
+  row-parallel (o, down: input features / N), so each rank runs heads / N (and kv heads / N) and ffn / N (a
+  Mixture-of-Experts' routed experts too, transformers' stacked 3-D tensors: every expert ffn / N wide, every routed
+  row through each rank's slice, as Megatron-LM's expert tensor parallelism and torchtitan's TensorParallel on
+  GroupedExperts run them: ``shard_experts``); the
   residual stream, the norms and the row-parallel outputs stay whole (they are all-reduced: Korthikanti et al.
   2022 Table 2, ``sbh(10 + 24/t + 5as/(ht))``; no sequence parallelism). The token embedding and the LM head are
   vocabulary-parallel (vocab / N rows each, ``ceil``), as Megatron and torchtitan (``loss_parallel``) run them:
@@ -33,7 +36,8 @@ inside the fake mode, so the capture records what one rank allocates and compute
 - ``--ep N`` (expert parallelism as torchtitan runs it: ``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
   the EP mesh borrowed from the data- and context-parallel ranks, dp_shard x cp; DeepSpeed-MoE, Rajbhandari et al.
   2022; Megatron-LM's ``--expert-model-parallel-size``): each rank holds E / N of every MoE layer's routed experts
-  (their stacked weight tensors cut along the expert dimension), the router, attention and shared experts whole.
+  (their stacked weight tensors cut along the expert dimension), the router, attention and shared experts whole;
+  with --tp too each of them is ffn / tp wide (expert tensor parallelism at the --tp degree, Megatron's etp = tp).
   Its tokens' top-k rows go to the ranks holding their experts in an all-to-all (dispatch) and come back in another
   (combine). Balanced routing sends each rank as many rows as it sends, tokens x k: its experts' activations and
   FLOPs are those of the run without EP, their weights, gradients and optimizer states 1/N (and under FSDP they
@@ -161,7 +165,18 @@ def hot_rank_factor(setup: Setup) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class AllToAll:
-    """The all-to-alls of one GPU's step under --ep: what they move and how much."""
+    """The all-to-alls of one GPU's step under --ep: what they move and how much.
+
+    Per MoE layer and micro-batch a GPU runs a dispatch (its tokens x k rows out, the rows for its experts in) and a
+    combine (the reverse) in forward, the same two in backward (the gradients, the other way), and the dispatch again
+    where --checkpointing recomputes the block (``dispatches`` 2: torch's checkpoint recomputes up to the last tensor
+    backward needs, the experts' saved inputs, so the combine after them is not run again; the capture runs it so).
+    Balanced, each exchange moves ``unit`` = moe_layers x tokens x top_k x hidden x itemsize x (ep - 1) / ep bytes
+    out of a GPU and as many in (of the rows it sends, the 1/ep whose experts it holds itself stay on the GPU:
+    torchtitan's all_to_all_single hands them to itself). Under --moe-imbalance the plan's GPU is the busiest: it
+    takes ``factor`` x as many rows in each dispatch and in the combine's backward, and sends as many back in the
+    combine and the dispatch's backward; every exchange waits for it, so the time is ``exchanges x factor x unit``
+    over the link."""
 
     moe_layers: int  # MoE layers on the GPU (its pipeline stage's)
     tokens: int  # the GPU's tokens over the step (every micro-batch)
@@ -169,17 +184,37 @@ class AllToAll:
     hidden: int
     itemsize: int  # bytes an element, in the dtype the experts take
     ep: int
+    factor: float = 1.0  # the busiest GPU's routed rows over its balanced tokens x k (hot_rank_factor)
+    dispatches: int = 1  # forward dispatches a layer: 2 where checkpointing recomputes the block
+    seconds: float | None = None  # the exchanges' time on the plan's GPU (costmodel.all_to_all_time), if timed
+    link: str | None = None  # the link they are timed over, or why they are not
+
+    @property
+    def unit(self) -> float:
+        """Bytes one balanced exchange sends out of a GPU over the step (all its MoE layers and micro-batches)."""
+        return self.moe_layers * self.tokens * self.top_k * self.hidden * self.itemsize * (self.ep - 1) / self.ep
+
+    @property
+    def exchanges(self) -> int:
+        """All-to-alls a MoE layer runs per micro-batch: dispatch and combine in forward and in backward, and the
+        recomputed dispatches."""
+        return self.dispatches + 1 + 2
 
     @property
     def bytes(self) -> int:
-        """Bytes one GPU sends (and receives) over a step, balanced routing:
+        """Bytes the plan's GPU sends over a step: its tokens' rows in each dispatch (forward and recomputed) and in
+        the combine's backward, its experts' rows (``factor`` x) in the combine and the dispatch's backward."""
+        return int(self.unit * (self.dispatches + 1 + 2 * self.factor))
 
-            2 (dispatch + combine) x 2 (forward + backward) x moe_layers x tokens x top_k x hidden x itemsize
-            x (ep - 1) / ep
+    @property
+    def received(self) -> int:
+        """Bytes it receives: the other way round, ``factor`` x in each dispatch and in the combine's backward."""
+        return int(self.unit * ((self.dispatches + 1) * self.factor + 2))
 
-        of the rows it sends, the 1/ep whose experts it holds itself stay on the GPU (torchtitan's
-        all_to_all_single hands them to itself)."""
-        return 4 * self.moe_layers * self.tokens * self.top_k * self.hidden * self.itemsize * (self.ep - 1) // self.ep
+    @property
+    def busiest(self) -> int:
+        """The bytes the exchanges wait on: in each, the busiest GPU's ``factor`` x rows in or out."""
+        return int(self.unit * self.exchanges * max(self.factor, 1.0))
 
 
 def _routed_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -354,6 +389,8 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
             for attr in HEADS:
                 if isinstance(getattr(mod, attr, None), int) and not isinstance(mod, nn.Linear):
                     setattr(mod, attr, getattr(mod, attr) // tp)
+    for name, module in _routed_modules(model):  # the stacked experts: expert tensor parallelism
+        split += shard_experts(module, name, tp)
     if not split:
         raise GpuwiseError(f"--tp {tp}: no q/k/v/o or MLP linear layers found in {type(model).__name__}'s blocks",
                            "drop --tp; tensor parallelism is planned for Llama- and GPT-style decoders")
@@ -377,6 +414,88 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
         config.vocab_size = rows
     if rows is not None and isinstance(getattr(model, "vocab_size", None), int):  # or by its own (Mixtral's)
         model.vocab_size = rows
+
+
+# The routed experts' stacked matrices (transformers 5): the first of each pair column-parallel (gate and up, fused
+# or not; JetMoE's input_linear), the second row-parallel (down; JetMoE's output_linear); a row-parallel bias is
+# added once, after the all-reduce, so it stays whole
+_EXPERT_COLUMN = frozenset({"gate_up_proj", "up_proj", "gate_proj", "input_linear"})
+_EXPERT_ROW = frozenset({"down_proj", "output_linear"})
+# the experts' own record of their FFN width, which some forwards view by (DBRX's ffn_hidden_size)
+_EXPERT_WIDTHS = ("intermediate_dim", "intermediate_size", "expert_dim", "ffn_hidden_size")
+
+
+def _expert_cut(module: nn.Module, pname: str, p: torch.Tensor) -> int | None:
+    """The dimension of ``module.pname`` (a stacked experts tensor) that ``--tp`` cuts, None for one it leaves
+    whole: transformers' ``[E, out, in]`` (``[E, in, out]`` where ``is_transposed``: GPT-OSS, Aria, Llama 4), a bias
+    ``[E, out]``, DBRX's ``[E x ffn, hidden]`` for all three of w1, v1 and w2 (the expert index and the FFN width
+    flattened together: dim 0), JetMoE's ``ParallelExperts.weight`` ``[E, out, in]`` named by its module."""
+    owner, _, leaf = pname.rpartition(".")
+    holder = module.get_submodule(owner) if owner else module
+    role = leaf
+    if leaf == "weight" and owner:  # JetMoE: input_linear.weight / output_linear.weight
+        role = owner.rpartition(".")[2]
+    if role in ("w1", "v1", "w2") and p.dim() == 2:  # DBRX: every matrix stacked [E x ffn, hidden]
+        return 0
+    bias = role.endswith("_bias")
+    role = role.removesuffix("_bias")
+    if role in _EXPERT_ROW:
+        if bias:
+            return None
+        transposed = getattr(holder, "is_transposed", None)
+        if transposed is None:  # Llama 4 stores [E, in, out] without saying so: down_proj [E, ffn, hidden]
+            transposed = _transposed_by_shape(module)
+        return 1 if transposed else 2
+    if role in _EXPERT_COLUMN:
+        if bias:
+            return 1
+        transposed = getattr(holder, "is_transposed", None)
+        if transposed is None:
+            transposed = _transposed_by_shape(module)
+        return 2 if transposed else 1
+    return None
+
+
+def _transposed_by_shape(module: nn.Module) -> bool:
+    """Whether gate_up_proj and down_proj are stored ``[E, in, out]``: gate_up's input is down's output (hidden)."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor) or gate_up.dim() != 3:
+        return False
+    return gate_up.shape[1] == down.shape[2] and gate_up.shape[2] != down.shape[1]
+
+
+def shard_experts(module: nn.Module, name: str, tp: int) -> int:
+    """One rank's share of a routed experts module under ``--tp`` (expert tensor parallelism, as Megatron-LM's
+    ``--expert-tensor-parallel-size`` and torchtitan's ``TensorParallel`` on ``GroupedExperts`` run it), in place:
+    every expert's gate and up matrices column-parallel and its down matrix row-parallel, so each rank holds every
+    expert (or its --ep share) at ffn / tp wide, and runs every routed row through that slice: expert weights,
+    activations and FLOPs / tp; the partial outputs are all-reduced as the dense MLP's. A fused ``gate_up_proj``
+    ``[E, 2 ffn, hidden]`` becomes ``[E, 2 ffn / tp, hidden]``, whose two halves (gate, up) are each ffn / tp, as
+    a rank holds them (torchtitan shards w1 and w3 apart; transformers' interleaved GPT-OSS layout, gate and up
+    alternating, keeps its pairs). The number of tensors cut."""
+    cut = 0
+    for pname, p in list(module.named_parameters()):
+        dim = _expert_cut(module, pname, p)
+        if dim is None or p.dim() <= dim:
+            continue
+        if p.shape[dim] % tp:
+            raise GpuwiseError(f"--tp {tp} does not divide {name}.{pname}'s {p.shape[dim]} features",
+                               f"pass a --tp that divides {p.shape[dim]}")
+        shape = list(p.shape)
+        shape[dim] //= tp
+        owner, _, leaf = pname.rpartition(".")
+        new = nn.Parameter(torch.empty(shape, dtype=p.dtype, device=p.device), requires_grad=p.requires_grad)
+        setattr(module.get_submodule(owner) if owner else module, leaf, new)
+        cut += 1
+    if cut:
+        for sub in module.modules():  # the width the forward may view the matrices by (DBRX), or just records
+            for attr in _EXPERT_WIDTHS:
+                if isinstance(getattr(sub, attr, None), int) and not isinstance(getattr(sub, attr), bool):
+                    setattr(sub, attr, getattr(sub, attr) // tp)
+            if type(sub).__name__ == "JetMoeParallelExperts":  # its forward reads neither, but keep them true
+                w = sub.weight
+                sub.output_size, sub.input_size = w.shape[1], w.shape[2]
+    return cut
 
 
 SUBLAYERS = frozenset({"attention", "feed_forward", "attn", "mlp", "self_attn"})  # what runs on the whole sequence

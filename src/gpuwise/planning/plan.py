@@ -164,10 +164,12 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     i = int(live.sum(axis=1).argmax())
     phase, block = tl.labels[i]
     calibrations = calibrations or {}
-    fits = tuple(fit_on(step, acc, calibration=calibrations.get(acc.key))
+    a2a = _all_to_all(step, experts, source.n_layer, primary_acc)
+    fits = tuple(fit_on(step, acc, calibration=calibrations.get(acc.key), all_to_all=a2a)
                  for acc in ([primary_acc] if gpu else list(catalog)))
     mine = next((f for f in fits if f.gpu == primary_acc.key), None) or fit_on(
-        step, primary_acc, calibration=calibrations.get(primary_acc.key))  # the table has it unless --gpu was elsewhere
+        step, primary_acc, calibration=calibrations.get(primary_acc.key),
+        all_to_all=a2a)  # the table has it unless --gpu was elsewhere
     return MemoryPlan(
         model=w.model, setup=setup, params=w.params, trainable_params=w.trainable_params,
         flops_per_step=w.flops_per_step, bytes_per_step=w.bytes_per_step, tokens_per_step=w.tokens_per_step,
@@ -184,7 +186,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         decode=DecodeRead.of(step) if setup.task == "decode" else None,
         experts=experts, routing=_routing(w, experts, setup),
         notes=tuple(n for n in (experts_note(setup, experts),) if n),
-        all_to_all=_all_to_all(step, experts, source.n_layer),
+        all_to_all=a2a,
     )
 
 
@@ -214,18 +216,26 @@ def _routing(w, experts: Experts | None, setup: Setup) -> str | None:
     return text + ("" if f == 1 else f"; --moe-imbalance {f:g} changes nothing on one GPU holding every expert")
 
 
-def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None) -> AllToAll | None:
-    """--ep: what one GPU sends over a step in the all-to-alls of its MoE layers (parallel.AllToAll),
+def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None, acc=None) -> AllToAll | None:
+    """--ep: what one GPU moves over a step in the all-to-alls of its MoE layers (parallel.AllToAll),
     in the dtype the experts take (the captured residual stream's: fp32 under autocast over fp32 weights, 16-bit
-    where the step computes with 16-bit parameters, as sharded runs do)."""
+    where the step computes with 16-bit parameters, as sharded runs do); the busiest GPU's under --moe-imbalance,
+    the dispatch run again where --checkpointing recomputes the block; timed on ``acc`` where it has a link."""
+    from gpuwise.planning.costmodel import all_to_all_time
+
     s, w = step.setup, step.workload
     if experts is None or s.ep == 1:
         return None
     layers = experts.layers
     if s.pp > 1 and n_layer:  # the plan's stage holds its blocks' share
         layers = layers * stage_layers(n_layer, s) // n_layer
-    return AllToAll(moe_layers=layers, tokens=w.tokens_per_step, top_k=experts.top_k, hidden=experts.hidden,
-                    itemsize=w.setup.weight_dtype.itemsize, ep=s.ep)
+    a2a = AllToAll(moe_layers=layers, tokens=w.tokens_per_step, top_k=experts.top_k, hidden=experts.hidden,
+                   itemsize=w.setup.weight_dtype.itemsize, ep=s.ep, factor=hot_rank_factor(s),
+                   dispatches=2 if s.checkpointing != "none" else 1)
+    timed = None if acc is None else all_to_all_time(a2a, acc)
+    if timed is None:
+        return replace(a2a, link=None if acc is None else f"not timed: {acc.name} has no link figure")
+    return replace(a2a, seconds=timed[0], link=timed[1].source)
 
 
 def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,

@@ -179,7 +179,10 @@ def per_gpu(w: Workload, setup: Setup) -> PerGpu:
 
     timeline, host = sharded(w.timeline)
     live = timeline.live(setup.micro_batch)
-    paged = w.paged_bytes // setup.shard_gpus if setup.sharding != "ddp" else w.paged_bytes  # each rank its shard's
+    # each rank its shard's, over the same divisor as the optimizer column it is part of (fewer ranks for the
+    # experts' states under --ep)
+    paged = int(w.paged_bytes / state_divisor(setup, w.params, w.expert_params)) if setup.sharding != "ddp" \
+        else w.paged_bytes
     if setup.offload != "none":  # the optimizer state is on the host (Setup refuses bitsandbytes' with --offload)
         paged = 0
     return PerGpu(workload=w, setup=setup, timeline=timeline, live=live, peak_bytes=int(live.sum(axis=1).max()),

@@ -152,8 +152,9 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
     share = experts.params
     if setup.pp > 1:  # a pipeline stage holds its blocks' share (its blocks are all alike: HFSource.check)
         share = share * parallel.stage_layers(source.n_layer, setup) // source.n_layer
-    return replace(w, expert_params=share // setup.ep, routed=(experts.experts, experts.top_k),
-                   expert_bytes=int(share * _expert_bytes_per_param(setup, experts)) // setup.ep)
+    split = setup.ep * setup.tp  # --ep holds E / ep of them, --tp each at ffn / tp (parallel.shard_experts)
+    return replace(w, expert_params=share // split, routed=(experts.experts, experts.top_k),
+                   expert_bytes=int(share * _expert_bytes_per_param(setup, experts)) // split)
 
 
 def _expert_bytes_per_param(setup: Setup, experts) -> float:

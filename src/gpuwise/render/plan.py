@@ -32,7 +32,9 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
     if plan.experts is not None:
         data["experts"]["active"] = plan.experts.active
     if plan.all_to_all is not None:
-        data["all_to_all"]["bytes"] = plan.all_to_all.bytes
+        a = plan.all_to_all
+        data["all_to_all"] |= {"bytes": a.bytes, "received": a.received, "busiest": a.busiest,
+                               "exchanges": a.exchanges}
     return data  # to_jsonable wrote null for a non-finite figure
 
 
@@ -63,11 +65,7 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     for note in getattr(plan, "notes", ()):
         head.add_row("note", Text(note, style="yellow"))
     if plan.all_to_all is not None:
-        a = plan.all_to_all
-        head.add_row("all-to-all", f"{human_bytes(a.bytes)} sent per GPU per step, as much received: 2 (dispatch, "
-                     f"combine) x 2 (forward, backward) x {a.moe_layers} MoE layers x {a.tokens:,} tokens x top-"
-                     f"{a.top_k} x hidden {a.hidden} x {a.itemsize} B x ({a.ep} - 1) / {a.ep}; the send and receive "
-                     "buffers are in the memory while each exchange runs")
+        head.add_row("all-to-all", _all_to_all_text(plan.all_to_all))
     per_token = plan.flops_per_step / max(plan.tokens_per_step, 1)
     head.add_row("FLOPs per step", f"{plan.flops_per_step:.3e} ({per_token:.3g} per {unit}; matmuls and attention)")
     head.add_row("peak memory", f"{human_bytes(plan.peak_bytes)} of tensors (at {plan.peak_at}) + "
@@ -190,6 +188,27 @@ def render_models(models: list[ZooModel], console: Console) -> None:
     console.print(table)
 
 
+def _all_to_all_text(a) -> str:
+    """--ep: the all-to-alls' bytes (parallel.AllToAll), how they are counted, and their time."""
+    recompute = " + 1 (the dispatch, recomputed: --checkpointing)" if a.dispatches > 1 else ""
+    formula = (f"({a.exchanges} exchanges: dispatch and combine x forward and backward{recompute}) x "
+               f"{a.moe_layers} MoE layers x {a.tokens:,} tokens x top-{a.top_k} x hidden {a.hidden} x {a.itemsize} B"
+               f" x ({a.ep} - 1) / {a.ep}")
+    if a.factor == 1:
+        text = f"{human_bytes(a.bytes)} sent per GPU per step, as much received: {formula}"
+    else:
+        text = (f"the busiest GPU sends {human_bytes(a.bytes)} and receives {human_bytes(a.received)} per step: "
+                f"{formula}, its experts' rows {a.factor:g}x (--moe-imbalance) in each dispatch and the combine's "
+                "backward, and out in the combine and the dispatch's backward; every exchange waits on its "
+                f"{human_bytes(a.busiest)}")
+    text += "; the send and receive buffers are in the memory while each exchange runs"
+    if a.seconds is not None:
+        took = f"{a.seconds * 1e3:.3g} ms" if a.seconds >= 1e-3 else f"{a.seconds * 1e6:.3g} us"
+        return text + (f"; {took} a step over the node's link ({a.link}; the experts wait on it), added to the step "
+                       "time")
+    return text + f"; {a.link or 'not timed'} (not in the step time)"
+
+
 def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
     """--tp/--pp/--cp/--nodes/--offload: how the GPUs split the work, and the host memory offload takes."""
     lay = plan.layout
@@ -215,7 +234,9 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
         text += (f"; HSDP: states sharded over {lay.shard_gpus} GPU{'s' if lay.shard_gpus > 1 else ''} in each of "
                  f"{lay.nodes} nodes, replicated across")
     if lay.tp > 1 or lay.pp > 1 or lay.ep > 1:
-        text += "; parameters and memory are one GPU's (heads, MLP and vocabulary split --tp ways)" if lay.tp > 1 \
+        split = "heads, MLP, the routed experts' FFN width and vocabulary" if plan.experts is not None else \
+            "heads, MLP and vocabulary"
+        text += f"; parameters and memory are one GPU's ({split} split --tp ways)" if lay.tp > 1 \
             else "; parameters and memory are one GPU's"
     head.add_row("parallel", text)
     if lay.pp > 1 and lay.stage is not None:
