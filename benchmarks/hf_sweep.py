@@ -3,7 +3,8 @@
 For each architecture of transformers' auto mappings for causal LM, masked LM, sequence classification and image
 classification, a small config of its model type (2 layers, width 64, vocabulary 1000, heads, KV heads and
 intermediate sizes to match, images of 32 px; the config class's defaults for every other field, sub-configs such
-as ``text_config`` and ``vision_config`` made small the same way) is written to a temporary config.json and one
+as ``text_config`` and ``vision_config`` made small the same way; a field the class leaves None that published
+configs set, and the few per type in ``_PUBLISHED``, given a value) is written to a temporary config.json and one
 training step (bf16 autocast, AdamW, batch 2 x 32 tokens) is planned in-process, as ``gpuwise plan --hf-config``
 plans it. The same model is built for real (on the meta device, else on the CPU) and its parameter count compared
 with the plan's. Results: ``ok`` (the plan completes with the exact count), ``param mismatch``, ``refused`` (a
