@@ -29,7 +29,13 @@ FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 # A mode that sees every aten op with its tensors (the planner's memory tracker). Public since 2.x in spirit,
 # private in name: torch.utils._python_dispatch. _disable_current_modes runs real tensor code inside a mode (the
 # MoE routing stand-in computes its concrete twins with it).
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+# _get_current_dispatch_mode_stack: the modes active now (quantised MoE experts tell the planner's tracker which of
+# their tensors are stand-ins).
+from torch.utils._python_dispatch import (  # noqa: E402
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode_stack,
+)
 
 # Flatten nested outputs of an op to their tensors. torch.utils._pytree (the public torch.utils.pytree
 # appears in 2.6 and is not in 2.5).
@@ -55,7 +61,7 @@ def scaled_mm(a, b, *, scale_a, scale_b, out_dtype, use_fast_accum: bool):
 
 
 __all__ = ["FAKE_TENSOR_LOGGER", "DataDependentOutputException", "DynamicOutputShapeException", "FakeTensor",
-           "FakeTensorMode", "TorchDispatchMode", "_disable_current_modes",
+           "FakeTensorMode", "TorchDispatchMode", "_disable_current_modes", "_get_current_dispatch_mode_stack",
            "fsdp2", "scaled_mm", "tree_flatten", "tree_leaves", "tree_map", "tree_unflatten", "unset_fake_temporarily"]
 
 

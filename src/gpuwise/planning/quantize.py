@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack  # private in name, public in use since 2.0
 
+from gpuwise.compat import _get_current_dispatch_mode_stack
 from gpuwise.errors import NotApplicable
 
 if TYPE_CHECKING:
