@@ -128,10 +128,17 @@ def concrete_constants() -> Iterator[Callable[[nn.Module], None]]:
     if not _unreal(torch.empty(0)):
         yield lambda model: None
         return
+    with fake_conversions(), _Constants(), _Literals():
+        yield _unrealize
+
+
+@contextlib.contextmanager
+def fake_conversions() -> Iterator[None]:
+    """``module.to(dtype)`` on fake parameters converts them in place (``_overwriting_apply``) instead of failing
+    where ``swap_tensors`` refuses them, which it does or not depending on the fake mode's caches."""
     original = nn.Module._apply
     nn.Module._apply = _overwriting_apply(original)
     try:
-        with _Constants(), _Literals():
-            yield _unrealize
+        yield
     finally:
         nn.Module._apply = original

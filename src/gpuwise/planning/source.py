@@ -30,7 +30,7 @@ from gpuwise.files import file_function
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning import hf_audio, hf_inputs
-from gpuwise.planning.hf_build import concrete_constants
+from gpuwise.planning.hf_build import concrete_constants, fake_conversions
 from gpuwise.planning.quantize import fused_expert_weights
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.stack import Misaligned, kinds_of, signatures
@@ -308,9 +308,11 @@ class FileSource:
 
 def call_model_function(name: str, fn: Callable[[int], Any], batch: int, *, fake: bool = True
                         ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """``fn(batch)``, checked to return ``(model, inputs)``; its errors become one line."""
+    """``fn(batch)``, checked to return ``(model, inputs)``; its errors become one line. A model the function
+    converts (``.to(torch.bfloat16)``) is planned as converted, as it would run."""
     try:
-        result = fn(batch)
+        with fake_conversions() if fake else contextlib.nullcontext():
+            result = fn(batch)
     except GpuwiseError:
         raise
     except Exception as exc:
