@@ -229,6 +229,14 @@ def moe_layers(model: nn.Module) -> int:
     return len({name.rpartition(".")[0] for name, _ in _routed_modules(model)})
 
 
+def _exchange(like: torch.Tensor, send: int, receive: int, out: int) -> torch.Tensor:
+    """One all-to-all on ``like``'s rows: its send and receive buffers (``send`` and ``receive`` rows) live together,
+    then freed; the ``out`` rows it hands on."""
+    buffers = like.new_empty((send, like.shape[1])), like.new_empty((receive, like.shape[1]))
+    del buffers
+    return like.new_empty((out, like.shape[1]))
+
+
 class _Dispatch(torch.autograd.Function):
     """The dispatch all-to-all: this rank's ``tokens`` x k rows out, ``rows`` x k in (its send and receive buffers
     live together, then freed); given to the experts module as the ``rows`` tokens they are. Backward sends the
@@ -237,16 +245,11 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, rows: int, k: int) -> torch.Tensor:
         ctx.rows, ctx.k, ctx.tokens = rows, k, x.shape[0]
-        send, recv = x.new_empty((x.shape[0] * k, x.shape[1])), x.new_empty((rows * k, x.shape[1]))
-        del send, recv
-        return x.new_empty((rows, x.shape[1]))
+        return _exchange(x, x.shape[0] * k, rows * k, rows)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        send, recv = grad.new_empty((ctx.rows * ctx.k, grad.shape[1])), grad.new_empty((ctx.tokens * ctx.k,
-                                                                                       grad.shape[1]))
-        del send, recv
-        return grad.new_empty((ctx.tokens, grad.shape[1])), None, None
+        return _exchange(grad, ctx.rows * ctx.k, ctx.tokens * ctx.k, ctx.tokens), None, None
 
 
 class _Combine(torch.autograd.Function):
@@ -256,16 +259,11 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
         ctx.rows, ctx.k, ctx.tokens = y.shape[0], k, tokens
-        send, recv = y.new_empty((y.shape[0] * k, y.shape[1])), y.new_empty((tokens * k, y.shape[1]))
-        del send, recv
-        return y.new_empty((tokens, y.shape[1]))
+        return _exchange(y, y.shape[0] * k, tokens * k, tokens)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        send, recv = grad.new_empty((ctx.tokens * ctx.k, grad.shape[1])), grad.new_empty((ctx.rows * ctx.k,
-                                                                                         grad.shape[1]))
-        del send, recv
-        return grad.new_empty((ctx.rows, grad.shape[1])), None, None
+        return _exchange(grad, ctx.tokens * ctx.k, ctx.rows * ctx.k, ctx.rows), None, None
 
 
 def _takes_router_choice(module: nn.Module) -> bool:
