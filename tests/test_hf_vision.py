@@ -92,6 +92,11 @@ def test_einsum_casts_as_the_bmm_under_it_does():
         assert torch.einsum("bij,bjk->bik", [x, buffer]).shape == (2, 4, 3)
         assert torch.tensordot(buffer, x, dims=([1], [2])).dtype == torch.bfloat16
         assert torch.einsum("bjk->bkj", buffer).dtype == torch.float32  # one operand: no matmul, no cast
+        # nothing summed between the operands (an outer product, rotary tables): ATen multiplies, autocast leaves the
+        # mul alone and the result is promoted to fp32
+        assert torch.einsum("i,j->ij", x[0, 0], buffer[0, :, 0]).dtype == torch.float32
+        assert torch.einsum("bi,bi->b", x[:, 0], buffer[:, :, 0]).dtype == torch.bfloat16  # a dot: bmm, cast
+        assert torch.tensordot(buffer[0, 0], x[0, 0], dims=0).dtype == torch.bfloat16  # an mm even so: cast
 
 
 # --- the CLI on image configs -----------------------------------------------------------------------------------

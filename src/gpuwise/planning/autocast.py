@@ -127,7 +127,8 @@ class CudaEmulation(TorchFunctionMode):
             args, kwargs = tree_map(lambda x: self._cast(x, self.dtype), (args, kwargs))
         elif self.dtype is not None and name in CONTRACTIONS:
             floats = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            if len(floats) >= 2:  # one operand is a sum or a permute: no matmul under it to cast
+            # one operand is a sum or a permute, and nothing summed between two is a product: no matmul to cast
+            if len(floats) >= 2 and _contracts(name, args, kwargs):
                 args, kwargs = tree_map(lambda x: self._cast(x, self.dtype), (args, kwargs))
         elif self.dtype is not None and name in FLOAT32:
             args, kwargs = tree_map(lambda x: self._cast(x, torch.float32), (args, kwargs))
@@ -155,3 +156,19 @@ class CudaEmulation(TorchFunctionMode):
     def __exit__(self, *exc):
         self._cached.clear()  # CUDA autocast drops its cast cache when the outermost region exits
         return super().__exit__(*exc)
+
+
+def _contracts(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether an einsum sums an index shared by two operands: only then does ATen run a bmm under it
+    (``sumproduct_pair`` multiplies elementwise where nothing is summed, an outer product say, and autocast leaves
+    that ``mul`` in the wider dtype). A tensordot is always an ``mm``, even of no dimensions."""
+    if name == "tensordot":
+        return True
+    equation = args[0] if args and isinstance(args[0], str) else kwargs.get("equation")
+    if not isinstance(equation, str):
+        return True  # the sublist form: cast, as before
+    lhs, arrow, rhs = equation.replace(" ", "").replace("...", "").partition("->")
+    terms = lhs.split(",")
+    letters = [c for c in lhs if c.isalpha()]
+    out = set(rhs) if arrow else {c for c in letters if letters.count(c) == 1}
+    return any(c not in out and sum(c in t for t in terms) >= 2 for c in set(letters))
