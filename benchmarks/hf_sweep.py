@@ -375,9 +375,10 @@ def sweep_one(task: str, model_type: str, architecture: str, *, timeout: float =
 
 # --- the planned peak against PyTorch's MemTracker on the same step run for real ----------------------------
 
-MEMTRACKER_SAMPLE = (  # (task, model_type): decoders, encoders, a vision model
-    ("causal-lm", "llama"), ("causal-lm", "gpt2"), ("causal-lm", "qwen2"), ("masked-lm", "bert"),
-    ("seq-cls", "distilbert"), ("image-cls", "vit"),
+MEMTRACKER_SAMPLE = (  # (task, model_type): decoders, hybrid state-space decoders, encoders, a vision model
+    ("causal-lm", "llama"), ("causal-lm", "gpt2"), ("causal-lm", "qwen2"), ("causal-lm", "mamba2"),
+    ("causal-lm", "bamba"), ("causal-lm", "falcon_h1"), ("causal-lm", "nemotron_h"), ("causal-lm", "granitemoehybrid"),
+    ("masked-lm", "bert"), ("seq-cls", "distilbert"), ("image-cls", "vit"),
 )
 
 
