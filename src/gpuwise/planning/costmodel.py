@@ -357,11 +357,12 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
         rate = np.where(c.kind == MATMUL_FP8, fp8, hp)
     fp32_part = None
     wide = c.kind == MATMUL_FP32
-    if not int8 and s.compute_dtype.itemsize < 4 and float(flops[wide] @ c.count[wide]):
+    wide_flops = float(flops[wide] @ c.count[wide])
+    if not int8 and s.compute_dtype.itemsize < 4 and wide_flops:
         fp32, what = _fp32_matmul_rate(step, acc, calibration if measured else None, share)
         if fp32 is not None:
             rate = np.where(wide, fp32, rate)
-        fp32_part = (f"{float(flops[wide] @ c.count[wide]):.3g} FLOPs of matmuls on fp32 operands (autocast leaves "
+        fp32_part = (f"{wide_flops:.3g} FLOPs of matmuls on fp32 operands (autocast leaves "
                      f"them: a MoE's grouped experts, rotary tables) at {what}")
     t_compute = flops / (eta * rate * 1e12)
     t_memory = np.zeros_like(nbytes) if on_chip else nbytes / (mem * gbps * 1e9)

@@ -184,13 +184,13 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
         decode=DecodeRead.of(step) if setup.task == "decode" else None,
-        experts=experts, routing=_routing(w, experts, setup),
+        experts=experts, routing=routing_assumption(w, experts, setup),
         notes=tuple(n for n in (experts_note(setup, experts),) if n),
         all_to_all=a2a,
     )
 
 
-def _routing(w, experts: Experts | None, setup: Setup) -> str | None:
+def routing_assumption(w, experts: Experts | None, setup: Setup) -> str | None:
     """The routing assumption the plan rests on: the balanced stand-in where the model read the router's choice,
     else none is needed (grouped and batched expert matmuls cost the same for any split of the routed tokens);
     under --ep, balanced across the ranks; and what --moe-imbalance changed (parallel.py's docstring)."""

@@ -450,10 +450,9 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     experts = getattr(source, "experts", None)
     routing = None
     if experts is not None and search.costed is not None:  # as plan says it: the stand-in, else any split
-        captures = search.costed.workload.captures
-        routing = next((c.routing for group in captures for c in group if c.routing), None) or (
-            f"any split: each token's top-{experts.top_k} of {experts.experts} experts run as one grouped matmul, "
-            "whose memory and FLOPs do not depend on which experts")
+        from gpuwise.planning.plan import routing_assumption
+
+        routing = routing_assumption(search.costed.workload, experts, search.costed.setup)
     return Recommendation(model=source.name, setup=setup, goal=goal, constraints=c,
                           unit=unit, sort=sort,
                           rows=tuple(kept), excluded=tuple(excluded + out), uneven_counts=tuple(sorted(uneven)),
