@@ -250,7 +250,7 @@ def build_real(config: dict, *, device: str = "meta"):
     import torch
     import transformers
 
-    from gpuwise.planning.hf_inputs import settle
+    from gpuwise.planning.sources.hf_inputs import settle
 
     cfg = {k: v for k, v in config.items() if k not in ("torch_dtype", "dtype")}
     cls = getattr(transformers, config["architectures"][0])
@@ -274,7 +274,7 @@ def real_inputs(model, task: str, *, labels: bool = True) -> dict:
     """The inputs of one step of ``model`` (batch 2 x 32 tokens, or 32 px images), with labels for its loss."""
     import torch
 
-    from gpuwise.planning.hf_inputs import _token_ids
+    from gpuwise.planning.sources.hf_inputs import _token_ids
 
     conf = model.config
     if task == "image-cls":
@@ -298,7 +298,7 @@ def real_params(config: dict, task: str, *, run: bool = True) -> int:
     of it run there (a config that builds but cannot run is no test of the planner). Else on the meta device."""
     import torch
 
-    from gpuwise.planning.source import _real_masks
+    from gpuwise.planning.sources import _real_masks
 
     model = build_real(config, device="cpu" if run else "meta")
     if run:
@@ -313,7 +313,7 @@ def plan_config(config: dict, *, precision: str = "bf16-mixed", folder: Path | N
     import transformers
 
     from gpuwise.planning import Setup, plan_model
-    from gpuwise.planning.hf_inputs import TOKENS, kind
+    from gpuwise.planning.sources.hf_inputs import TOKENS, kind
 
     tokens = kind(getattr(transformers, config["architectures"][0], None)) == TOKENS  # ImageGPT's are
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
@@ -389,7 +389,7 @@ def memtracker_peak(config: dict, task: str) -> int:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from gpuwise.optim import param_groups
-    from gpuwise.planning.source import _real_masks
+    from gpuwise.planning.sources import _real_masks
 
     torch.manual_seed(0)
     model = build_real(config, device="cpu").train()

@@ -21,10 +21,10 @@ import time
 import torch
 
 from gpuwise.models import get_model
-from gpuwise.planning.capture import capture
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.sources import ZooSource
 from gpuwise.units import GiB
 
 CASES = [

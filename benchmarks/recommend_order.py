@@ -35,12 +35,12 @@ import numpy as np
 
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import get_model
-from gpuwise.planning import costmodel
-from gpuwise.planning.serving import decode_time
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.cost import step as costmodel
+from gpuwise.planning.cost.serving import decode_time
+from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sharding import capture_setup, per_gpu
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.sources import ZooSource
 from gpuwise.precision import same_bytes
 
 GiB = 2**30

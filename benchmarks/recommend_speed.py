@@ -2,8 +2,8 @@
 
 Each command runs in a fresh interpreter, as `time python -m gpuwise recommend ...` would: the wall time printed
 includes the interpreter and the imports; "in recommend" is the command itself; "captures" counts the steps
-captured on fake tensors (planning/capture.py), which are almost all of the time on a first run. Each command
-runs twice over an empty capture cache (planning/capture_cache.py): cold, then warm, and the rows must agree.
+captured on fake tensors (planning/capture/step.py), which are almost all of the time on a first run. Each command
+runs twice over an empty capture cache (planning/capture/cache.py): cold, then warm, and the rows must agree.
 
     python benchmarks/recommend_speed.py          # gpt2, llama2-7b, llama2-70b; cold and warm
 """
@@ -25,7 +25,7 @@ def one(model: str, tokens: str, out: str | None) -> None:
     """In a fresh interpreter: run the command once, print seconds and captures as JSON."""
     t0 = time.perf_counter()
     from gpuwise.cli import main
-    from gpuwise.planning import workload
+    from gpuwise.planning.capture import workload
 
     captures = 0
     capture = workload.capture

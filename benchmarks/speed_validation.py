@@ -20,11 +20,11 @@ import time
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import get_model
 from gpuwise.models.gpt import GPTConfig
-from gpuwise.planning import costmodel
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.cost import step as costmodel
+from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sharding import capture_setup, per_gpu
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.sources import ZooSource
 from gpuwise.units import GiB
 
 

@@ -19,8 +19,8 @@ import torch
 from gpuwise.hardware.device import Target, local_machine, resolve_device
 from gpuwise.models import get_model
 from gpuwise.optim import param_groups
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.sources import ZooSource
 from gpuwise.training.auto import choose
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer, mfu_peak_tflops, model_loss

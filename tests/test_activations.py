@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpuwise.planning.capture import capture
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.source import Built
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.sources import Built
 
 S, B, H, A = 512, 2, 1024, 16  # sequence, micro-batch, hidden, heads
 P = 0.1  # dropout everywhere the paper has it

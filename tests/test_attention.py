@@ -279,9 +279,9 @@ def test_the_planner_costs_only_the_visited_tiles():
     4*b*h*s^2*d (FlashAttention's 2.5x backward); ours is 4.5x (its atomic-free backward runs 7 tile
     matmuls to the forward's 2: QK^T and dP are computed twice, once for dK/dV and once for dQ)."""
     from gpuwise.models import get_model
+    from gpuwise.planning.capture.workload import simulate
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import ZooSource
-    from gpuwise.planning.workload import simulate
+    from gpuwise.planning.sources import ZooSource
 
     src = ZooSource(zoo=get_model("gpt2"))
     sdpa = simulate(src, Setup(micro_batch=2, seq=1024), batch_model=False)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuwise.planning import Setup, capture_cache
-from gpuwise.planning import workload as workload_module
-from gpuwise.planning.source import resolve_source
-from gpuwise.planning.workload import simulate
+from gpuwise.planning import Setup
+from gpuwise.planning.capture import cache as capture_cache
+from gpuwise.planning.capture import workload as workload_module
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.sources import resolve_source
 
 pytestmark = pytest.mark.own_captures  # these count the captures that really run
 

@@ -232,8 +232,8 @@ def test_the_fuzz_findings_are_refused_in_one_line(capsys, argv, words):
 def test_the_torch_free_names_match_the_tables_they_stand_for():
     """recommend --weights and bench --ops/--dtype are checked against names written without torch: the same set."""
     from gpuwise.bench import DTYPES
-    from gpuwise.planning.recommend import SERVED_WEIGHTS
-    from gpuwise.planning.serving import WEIGHT_BYTES
+    from gpuwise.planning.cost.serving import WEIGHT_BYTES
     from gpuwise.precision import ELEMENT_TYPES
+    from gpuwise.recommend import SERVED_WEIGHTS
 
     assert set(SERVED_WEIGHTS) == set(WEIGHT_BYTES) and set(DTYPES) == set(ELEMENT_TYPES)

@@ -11,8 +11,8 @@ import pytest
 from conftest import run_cli
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning.quantize import FORMATS
-from gpuwise.planning.serving import WEIGHT_BYTES, decode_time
+from gpuwise.planning.cost.serving import WEIGHT_BYTES, decode_time
+from gpuwise.planning.transforms.quantize import FORMATS
 from test_loss import LLAMA_2_7B, _config
 
 run = run_cli

@@ -8,11 +8,11 @@ from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import get_model
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning import sharding as sharding_module
+from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.fit import TIGHT_FRACTION, status
-from gpuwise.planning.sharding import capture_setup, per_gpu
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.parallel import sharding as sharding_module
+from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
+from gpuwise.planning.sources import ZooSource
 from gpuwise.units import GiB
 
 SHARDED = Setup(micro_batch=2, seq=128, precision="fp16-mixed", gpus=2, sharding="fsdp")

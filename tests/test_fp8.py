@@ -22,13 +22,13 @@ from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import get_model
 from gpuwise.models.llama import LlamaConfig
 from gpuwise.planning import plan_model
-from gpuwise.planning.capture import capture
-from gpuwise.planning.costmodel import step_time_floor
-from gpuwise.planning.float8 import _Float8Matmul
-from gpuwise.planning.plan import Planner
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.tracker import CATEGORIES, KINDS, Tracker
+from gpuwise.planning.cost.step import step_time_floor
+from gpuwise.planning.planner import Planner
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.source import Built, ZooSource, resolve_source
-from gpuwise.planning.tracker import CATEGORIES, KINDS, Tracker
+from gpuwise.planning.sources import Built, ZooSource, resolve_source
+from gpuwise.planning.transforms.float8 import _Float8Matmul
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.parallelize import parallelize
 from gpuwise.training.trainer import CPU

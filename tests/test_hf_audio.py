@@ -1,5 +1,5 @@
 """Hugging Face speech and encoder-decoder models planned (issue 17): audio made from the config
-(planning/hf_audio.py), the transcript as labels, the CTC loss's stand-in, decoder inputs; the planned peak against
+(sources/hf_audio.py), the transcript as labels, the CTC loss's stand-in, decoder inputs; the planned peak against
 PyTorch's MemTracker on the same step run for real on the CPU, the parameters against the model transformers builds."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _memtracker_peak(cfg: dict, inputs: dict) -> int:
     its optimizer state already made; LayerDrop off as in the plan (every layer runs)."""
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
     from gpuwise.optim import param_groups
-    from gpuwise.planning.source import _real_masks
+    from gpuwise.planning.sources import _real_masks
 
     torch.manual_seed(0)
     model = _real(cfg, "cpu").train()
@@ -134,7 +134,7 @@ def test_speech_model_peak_against_memtracker(name):
 def test_audio_is_made_as_the_models_take_it():
     """Whisper's clip is fixed by its positions, wav2vec2's CTC frames are the feature encoder's (transformers' own
     output-length formula), the transcript's default fits them."""
-    from gpuwise.planning import hf_audio, hf_inputs
+    from gpuwise.planning.sources import hf_audio, hf_inputs
 
     whisper, w2v = _real(WHISPER), _real(WAV2VEC2)
     cls = type(w2v)

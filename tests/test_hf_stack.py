@@ -1,4 +1,4 @@
-"""--hf-config models whose blocks differ (planning/stack.py), and what transformers' configs and models do under
+"""--hf-config models whose blocks differ (capture/blocks.py), and what transformers' configs and models do under
 fake tensors: a scaled plan equals the whole model's capture, its parameter count the real model's on the meta
 device; a traced step takes the attention path the real one takes; configs with infinities load; a model that
 cannot be built on fake tensors says why."""
@@ -16,9 +16,9 @@ import torch
 
 from conftest import run_cli
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning.capture import capture
-from gpuwise.planning.source import HFSource
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.sources import HFSource
 from gpuwise.render.plan import plan_json
 
 DATA = Path(__file__).parent / "data"
@@ -155,7 +155,7 @@ def test_plan_json_has_no_infinities():
 
 def test_models_that_read_values_while_built_plan(tmp_path, capsys):
     """ConvNeXt's constructor reads drop-path rates off torch.linspace (.item()), which fake tensors cannot: the
-    rates are made for real (planning/hf_build.py), and it plans with the real model's parameters. ModernBERT's
+    rates are made for real (planning/sources/hf_build.py), and it plans with the real model's parameters. ModernBERT's
     initialiser (torch 2.13's trunc_normal_) reads values too: it is built without initialising, and plans with the
     real model's parameters."""
     transformers = pytest.importorskip("transformers")

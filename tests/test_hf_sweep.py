@@ -2,7 +2,7 @@
 vocabulary 1000) planned in-process, its parameter count against the model transformers builds for real.
 
 The ones that plan today must give the exact count, vision models included (images from the config, constructors
-that read drop-path rates built with real constants: planning/hf_inputs.py, hf_build.py). An architecture that fails
+that read drop-path rates built with real constants: sources/hf_inputs.py, hf_build.py). An architecture that fails
 today goes in FAIL_TODAY as a strict xfail with the reason, so that it flips (XPASS fails) when its fix lands."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_token_ids_are_real_and_end_each_row_with_the_eos_token():
     # BART's classifier pools at the end-of-sequence token and refuses rows with different numbers of it; DeBERTa's
     # and XLM's read their labels' and ids' values, which the retry with concrete values reads off real tensors
     from gpuwise.compat import FakeTensor, FakeTensorMode
-    from gpuwise.planning.hf_inputs import TOKENS, make_input
+    from gpuwise.planning.sources.hf_inputs import TOKENS, make_input
 
     config = transformers.BartConfig(vocab_size=5, eos_token_id=2)
     with FakeTensorMode(allow_non_fake_inputs=True):

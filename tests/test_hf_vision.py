@@ -1,5 +1,5 @@
-"""Hugging Face vision models planned (issue 17): constructors that read tensor values (planning/hf_build.py), images
-made from the config (planning/hf_inputs.py), and a planned peak against PyTorch's MemTracker on a real CPU step."""
+"""Hugging Face vision models planned (issue 17): constructors that read tensor values (sources/hf_build.py), images
+made from the config (sources/hf_inputs.py), and a planned peak against PyTorch's MemTracker on a real CPU step."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from torch import nn
 
 from conftest import run_cli
 from gpuwise.compat import FakeTensor, FakeTensorMode
-from gpuwise.planning.autocast import CudaEmulation
-from gpuwise.planning.hf_build import concrete_constants
+from gpuwise.planning.capture.autocast import CudaEmulation
+from gpuwise.planning.sources.hf_build import concrete_constants
 
 
 class DropPathNet(nn.Module):

@@ -25,7 +25,7 @@ LAYERS = (
     {"models"},
     {"planning"},
     {"monitor"},
-    {"bench", "training"},
+    {"bench", "training", "recommend"},
     {"render", "plot"},
     {"cli", "__init__"},
     {"__main__"},

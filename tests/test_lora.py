@@ -10,17 +10,17 @@ import json
 import pytest
 import torch
 
+import gpuwise.planning.transforms as T
 from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import get_model
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning import transforms as T
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.fit import OVERHEAD_BYTES
-from gpuwise.planning.plan import Planner
+from gpuwise.planning.planner import Planner
 from gpuwise.planning.remedies import setup_flags
-from gpuwise.planning.source import HFSource, ZooSource
-from gpuwise.planning.tracker import CATEGORIES
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.sources import HFSource, ZooSource
 from gpuwise.units import GiB
 
 ACT, WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
@@ -198,9 +198,9 @@ def parsed(capsys, monkeypatch, command: str, flags: list[str]) -> tuple[Setup, 
         raise GpuwiseError("recorded")
 
     if command == "plan":
-        monkeypatch.setattr(importlib.import_module("gpuwise.planning.plan"), "plan_model", record)
+        monkeypatch.setattr(importlib.import_module("gpuwise.planning.planner"), "plan_model", record)
     else:
-        monkeypatch.setattr(importlib.import_module("gpuwise.planning.recommend"), "recommend", record)
+        monkeypatch.setattr(importlib.import_module("gpuwise.recommend"), "recommend", record)
     code, _, err = run_cli(capsys, command, "--model", "llama2-7b", "--task", "finetune-lora", *flags)
     assert code == 2 and seen, err
     return seen[0]

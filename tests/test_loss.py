@@ -14,8 +14,8 @@ from conftest import run_cli
 from gpuwise.compat import FakeTensorMode
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss, fused_linear_cross_entropy
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning.capture import default_dtype
-from gpuwise.planning.tracker import Tracker
+from gpuwise.planning.capture.step import default_dtype
+from gpuwise.planning.capture.tracker import Tracker
 
 run = run_cli
 MiB, GiB = 1 << 20, 1 << 30

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from gpuwise.planning import Setup
-from gpuwise.planning.plan import Planner
-from gpuwise.planning.serving import DecodeRead
-from gpuwise.planning.source import HFSource
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.cost.serving import DecodeRead
+from gpuwise.planning.planner import Planner
+from gpuwise.planning.sources import HFSource
 
 H, FFN, E, K, V, LAYERS = 64, 128, 4, 2, 1000, 2
 MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": V, "hidden_size": H,
@@ -43,7 +43,7 @@ def test_decode_reads_the_experts_touched(tmp_path, batch):
 def test_decode_reads_quantised_experts_by_their_bytes(tmp_path):
     """--weights int4: the fused experts held as AWQ packs them (vLLM's fused MoE), the embeddings and head in
     bf16: the experts no token picks are that many int4 bytes, not their share of the parameters (27% off)."""
-    from gpuwise.planning.quantize import FORMATS
+    from gpuwise.planning.transforms.quantize import FORMATS
 
     path = tmp_path / "mixtral.json"
     path.write_text(json.dumps(MIXTRAL))

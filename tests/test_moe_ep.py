@@ -13,12 +13,12 @@ import torch
 
 from conftest import run_cli
 from gpuwise.planning import Setup
+from gpuwise.planning.capture.routing import balanced_topk
+from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.parallel import AllToAll, hot_rank_factor
-from gpuwise.planning.plan import Planner
-from gpuwise.planning.routing import balanced_topk
-from gpuwise.planning.sharding import state_divisor
-from gpuwise.planning.source import HFSource
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.parallel.sharding import state_divisor
+from gpuwise.planning.planner import Planner
+from gpuwise.planning.sources import HFSource
 
 pytest.importorskip("transformers")
 
@@ -195,7 +195,7 @@ def test_paged_optimizer_share_under_ep_is_sharded_as_the_optimizer_column(tmp_p
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_expert_gradients_reduce_over_the_ranks_that_hold_them(planner, sharding):
-    from gpuwise.planning.costmodel import comm_bytes
+    from gpuwise.planning.cost.step import comm_bytes
 
     # 4 GPUs, bf16-mixed: the non-expert Pn parameters reduce over all 4 ranks (share 3/4); each GPU's experts over
     # the 4 / ep ranks holding the same ones: share 1/2 at ep = 2, none at ep = 4 (every GPU its own)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gpuwise.planning import Setup
-from gpuwise.planning.serving import kv_bytes_per_token
+from gpuwise.planning.cost.serving import kv_bytes_per_token
 
 # a small DeepSeek-V3: 3 blocks (the first dense), 4 heads, latent 64 + rotary key 16, 4 routed experts top-2
 DEEPSEEK = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 1000,
@@ -21,7 +21,7 @@ DEEPSEEK = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalL
 
 
 def _source(tmp_path, cfg: dict):
-    from gpuwise.planning.source import HFSource
+    from gpuwise.planning.sources import HFSource
 
     path = tmp_path / f"{cfg['model_type']}.json"
     path.write_text(json.dumps(cfg))
@@ -30,9 +30,9 @@ def _source(tmp_path, cfg: dict):
 
 def test_mla_cache_is_the_latent_as_the_captured_decode_holds_it(tmp_path):
     pytest.importorskip("transformers")
-    from gpuwise.planning.serving import DecodeRead
-    from gpuwise.planning.sharding import per_gpu
-    from gpuwise.planning.workload import simulate
+    from gpuwise.planning.capture.workload import simulate
+    from gpuwise.planning.cost.serving import DecodeRead
+    from gpuwise.planning.parallel.sharding import per_gpu
 
     source = _source(tmp_path, DEEPSEEK)
     dims = source.decoder
@@ -54,7 +54,7 @@ def test_deepseek_v3_caches_576_values_a_token_a_layer():
     pytest.importorskip("transformers")
     from pathlib import Path
 
-    from gpuwise.planning.source import HFSource
+    from gpuwise.planning.sources import HFSource
 
     dims = HFSource.from_path(Path(__file__).parent / "data" / "deepseek-v3-config.json").decoder
     # kv_lora_rank 512 + qk_rope_head_dim 64, 61 layers, bf16: 70,272 B a token (DeepSeek-V2 paper, arXiv:2405.04434,
@@ -70,16 +70,16 @@ def mixtral():
     pytest.importorskip("transformers")
     from pathlib import Path
 
-    from gpuwise.planning.source import HFSource
+    from gpuwise.planning.sources import HFSource
 
     return HFSource.from_path(Path(__file__).parent / "data" / "mixtral-8x7b-config.json")
 
 
 @pytest.mark.parametrize("weights", ["int4", "fp8", "nf4", "int8"])
 def test_mixtral_experts_stored_as_the_library_stores_them(mixtral, weights):
-    from gpuwise.planning.quantize import FORMATS
-    from gpuwise.planning.tracker import CATEGORIES
-    from gpuwise.planning.workload import simulate
+    from gpuwise.planning.capture.tracker import CATEGORIES
+    from gpuwise.planning.capture.workload import simulate
+    from gpuwise.planning.transforms.quantize import FORMATS
 
     h, ffn, experts, layers, vocab, kv = 4096, 14336, 8, 32, 32000, 1024
     fmt = FORMATS[weights]
@@ -111,9 +111,9 @@ def test_fp8_experts_quantise_their_tokens_and_make_no_16_bit_copy(tmp_path):
     import torch
 
     from gpuwise.compat import FakeTensorMode, TorchDispatchMode, tree_leaves
-    from gpuwise.planning.capture import default_dtype
-    from gpuwise.planning.quantize import quantize_weights
+    from gpuwise.planning.capture.step import default_dtype
     from gpuwise.planning.transforms import find_blocks
+    from gpuwise.planning.transforms.quantize import quantize_weights
 
     class Made(TorchDispatchMode):
         """(dtype, shape, storage bytes) of every op's outputs."""
@@ -162,7 +162,7 @@ def test_the_plan_says_when_bitsandbytes_leaves_the_experts_16_bit(tmp_path, arg
     pytest.importorskip("transformers")
     from rich.console import Console
 
-    from gpuwise.planning.plan import plan
+    from gpuwise.planning.planner import plan
     from gpuwise.render.plan import plan_json, render_plan
 
     source = _source(tmp_path, SMALL)

@@ -106,7 +106,7 @@ def test_an_oom_is_recorded_where_it_happens_with_the_plans_breakdown_and_remedi
 
     from gpuwise.models.gpt import GPT, GPTConfig
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
     from gpuwise.training.config import TrainConfig
     from gpuwise.training.data import CharText
     from gpuwise.training.run import oom_advice_for

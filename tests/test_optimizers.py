@@ -13,14 +13,14 @@ import torch
 from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import get_model
-from gpuwise.planning.capture import capture
-from gpuwise.planning.optimizers import SPECS, AdamW8bit, Lion, make_optimizer
-from gpuwise.planning.scaling import batch_affine, extrapolate_blocks
+from gpuwise.planning.capture.optimizers import SPECS, AdamW8bit, Lion, make_optimizer
+from gpuwise.planning.capture.scaling import batch_affine, extrapolate_blocks
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sharding import capture_setup, per_gpu
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.tracker import CATEGORIES
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.sources import ZooSource
 from gpuwise.units import GiB
 
 GPT2 = ZooSource(zoo=get_model("gpt2"))
@@ -173,7 +173,7 @@ def test_llama31_8b_full_finetune_on_a_4090_as_torchtune_runs_it(loss, low, high
     12-27% below uncompiled plans (issue 14); it fits the 24 GB card, where AdamW without the recipe needs 74 GiB."""
     setup = Setup(micro_batch=2, seq=2048, precision="bf16", checkpointing="full", optimizer="paged-adamw8bit",
                   optimizer_in_backward=True, loss=loss)
-    from gpuwise.planning.plan import plan_model
+    from gpuwise.planning.planner import plan_model
 
     p = plan_model("llama3-8b", setup, gpu="rtx-4090")
     device = (p.peak_bytes - p.paged_bytes) / GiB

@@ -1,4 +1,4 @@
-"""Tensor and pipeline parallelism, HSDP and offload (planning/parallel.py, planning/sharding.py), each against a
+"""Tensor and pipeline parallelism, HSDP and offload (planning/parallel/, planning/parallel/sharding.py), each against a
 reference whose source is given: Korthikanti et al. 2022 for tensor-parallel activations and the 1F1B pipeline,
 DeepSpeed's ZeRO estimators for offload, FSDP over one node for HSDP. Tiny models: the whole file runs in seconds."""
 
@@ -14,10 +14,10 @@ from gpuwise.models import get_model
 from gpuwise.models.gpt import GPTConfig
 from gpuwise.models.llama import LlamaConfig
 from gpuwise.planning import Setup
+from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.parallel import in_flight_micro_batches
-from gpuwise.planning.plan import Planner
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.planner import Planner
+from gpuwise.planning.sources import ZooSource
 
 ACT = CATEGORIES.index("activations")
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from gpuwise.models import get_model
-from gpuwise.planning.capture import capture
-from gpuwise.planning.scaling import batch_affine, extrapolate_blocks
+from gpuwise.planning.capture.scaling import batch_affine, extrapolate_blocks
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.capture.workload import simulate
+from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sharding import capture_setup, per_gpu
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.tracker import CATEGORIES
-from gpuwise.planning.workload import simulate
+from gpuwise.planning.sources import ZooSource
 
 STATES = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
 MLP = ZooSource(zoo=get_model("mlp"))

@@ -12,7 +12,7 @@ from conftest import run_cli
 from gpuwise.cli.recommend import parse_duration
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import load_catalog
-from gpuwise.planning.recommend import Constraints, Goal, Price, read_prices
+from gpuwise.recommend import Constraints, Goal, Price, read_prices
 
 
 def test_prices_file_is_read_by_any_catalog_name_with_its_date(tmp_path):
@@ -103,9 +103,9 @@ FEW = "rtx-3060-12gb,rtx-4060-ti-16gb,rtx-4090,a100-80gb-sxm,h100-sxm,t4"
 
 @pytest.fixture(scope="module")
 def ranked():
-    from gpuwise.planning.recommend import recommend
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import recommend
 
     catalog = load_catalog()
     keys = tuple(catalog.get(k).key for k in FEW.split(","))
@@ -151,9 +151,9 @@ def test_more_datacenter_gpus_go_faster_and_an_h100_beats_a_4090(ranked):
 
 
 def test_budget_and_deadline_move_rows_out_with_the_reason():
-    from gpuwise.planning.recommend import recommend
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import recommend
 
     r = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=32, micro_batch=32, seq=256), Goal(tokens=1e9),
                   Constraints(gpus=("rtx-4090", "h100-sxm"), budget_usd=3.5, deadline_s=3 * 3600))
@@ -197,8 +197,8 @@ def _catalog(*keys):
 
 
 def test_a_70b_model_needs_datacenter_memory_and_tensor_parallel_when_serving():
-    from gpuwise.planning.recommend import Traffic, serve
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import Traffic, serve
 
     catalog = _catalog("rtx-4090", "a100-80gb-sxm", "h100-sxm", "h200")
     free = serve(resolve_source("llama2-70b", None), Traffic(concurrency=100), catalog=catalog)
@@ -217,8 +217,8 @@ def test_a_70b_model_needs_datacenter_memory_and_tensor_parallel_when_serving():
 
 
 def test_quantised_weights_fit_where_bf16_does_not_and_decode_faster():
-    from gpuwise.planning.recommend import Traffic, serve
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import Traffic, serve
 
     src, cat = resolve_source("llama3-8b", None), _catalog("rtx-3060-12gb", "rtx-4090")
     bf16 = serve(src, Traffic(), catalog=cat)
@@ -239,9 +239,9 @@ def test_edge_chips_rank_by_work_per_joule_for_a_small_int8_vision_model(capsys)
 
 
 def test_ascend_is_listed_unless_the_user_asks_for_cuda_only():
-    from gpuwise.planning.recommend import recommend
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import recommend
 
     src, setup, goal = resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=128), Goal(tokens=1e8)
     cat = _catalog("ascend-910b", "a100-80gb-sxm")
@@ -262,7 +262,7 @@ def test_the_plot_draws_time_against_cost_to_a_png(capsys, tmp_path):
 
 def test_the_guide_is_the_engines_own_ranking_of_each_job():
     """With no workload: each job's picks are the extremes of the same ranking (not typed in)."""
-    from gpuwise.planning.recommend import guide
+    from gpuwise.recommend import guide
 
     cat = _catalog("rtx-4090", "h100-sxm", "coral-edge-tpu", "jetson-agx-orin")
     g = guide(catalog=cat)
@@ -279,9 +279,9 @@ def test_the_guide_is_the_engines_own_ranking_of_each_job():
 def test_learning_on_a_3060_or_a_4060_ti_is_the_known_trade_off():
     """Both hold a small GPT; the 4060 Ti's tensor cores train it faster, the 3060's wider bus (360 vs 288 GB/s)
     decodes faster: the split the buying guides describe."""
-    from gpuwise.planning.recommend import Traffic, recommend, serve
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import Traffic, recommend, serve
 
     cat = _catalog("rtx-3060-12gb", "rtx-4060-ti-16gb")
     train = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=512), Goal(tokens=1e8),
@@ -295,9 +295,9 @@ def test_learning_on_a_3060_or_a_4060_ti_is_the_known_trade_off():
 
 
 def test_lora_and_qlora_of_a_7b_model_fit_one_4090():
-    from gpuwise.planning.recommend import recommend
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import recommend
 
     for qlora in (False, True):
         setup = Setup.for_batch(batch=8, micro_batch=8, seq=1024, task="finetune-lora", qlora=qlora)
@@ -332,8 +332,8 @@ def test_a_prices_file_saved_by_excel_or_not_a_csv_at_all(tmp_path):
 
 
 def test_serving_splits_heads_evenly_and_leaves_npus_out_of_decode():
-    from gpuwise.planning.recommend import Traffic, serve
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import Traffic, serve
 
     r = serve(resolve_source("gpt2-xl", None), Traffic(concurrency=8), catalog=_catalog("h100-sxm", "apple-ane-m4"))
     assert {o.count for o in r.rows if o.gpu == "h100-sxm"} == {1}  # 25 heads split over no power of two

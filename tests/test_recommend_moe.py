@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpuwise.hardware.catalog import load_catalog
-from gpuwise.planning.serving import (
+from gpuwise.planning.cost.serving import (
     DECODE,
     UNIFORM_ROUTING,
     decode_time,
@@ -29,7 +29,7 @@ MIXTRAL_DIMS = dict(layers=32, heads=32, kv_heads=8, head_dim=128)  # tests/data
 def mixtral():
     """The Mixtral 8x7B source (its meta-device build, once for the module: ~3 s) and its experts."""
     pytest.importorskip("transformers")
-    from gpuwise.planning.source import HFSource
+    from gpuwise.planning.sources import HFSource
 
     source = HFSource.from_path(DATA / "mixtral-8x7b-config.json")
     return source, source.experts
@@ -62,7 +62,7 @@ def test_weights_read_go_from_the_active_at_batch_one_to_all(mixtral):
 
 
 def _serve(source, **traffic):
-    from gpuwise.planning.recommend import Constraints, Traffic, serve
+    from gpuwise.recommend import Constraints, Traffic, serve
 
     r = serve(source, Traffic(**traffic), Constraints(gpus=("h100-sxm",)))
     return r, {o.count: o for o in r.rows}
@@ -71,7 +71,7 @@ def _serve(source, **traffic):
 def _hand_tpot(bytes_read: float, batch: int, n: int) -> float:
     """A decode step by hand: bytes / (eta x the catalog's bandwidth) + the fixed cost, and Megatron tensor
     parallelism's two all-reduces of each token's 4096-wide bf16 hidden state a layer at the link's bus bandwidth."""
-    from gpuwise.planning.costmodel import allreduce_link
+    from gpuwise.planning.cost.step import allreduce_link
 
     h100 = CATALOG.get("h100-sxm")
     fit = DECODE["HBM"]
@@ -162,8 +162,8 @@ SMALL_DENSE = {**_BASE, "model_type": "mistral", "architectures": ["MistralForCa
 
 def _train(tmp_path, cfg):
     from gpuwise.planning import Setup
-    from gpuwise.planning.recommend import Constraints, Goal, recommend
-    from gpuwise.planning.source import HFSource
+    from gpuwise.planning.sources import HFSource
+    from gpuwise.recommend import Constraints, Goal, recommend
 
     path = tmp_path / f"{cfg['model_type']}.json"
     path.write_text(json.dumps(cfg))

@@ -27,7 +27,7 @@ def parsed(capsys, monkeypatch, flags: list[str]) -> Setup:
         raise GpuwiseError("recorded")
 
     # the module, not the function the package exports under the same name
-    monkeypatch.setattr(importlib.import_module("gpuwise.planning.plan"), "plan_model", record)
+    monkeypatch.setattr(importlib.import_module("gpuwise.planning.planner"), "plan_model", record)
     code, _, err = run_cli(capsys, "plan", "--model", "gpt2", "--gpu", "h100", *flags)
     assert code == 2 and seen, err
     return seen[0]
@@ -179,7 +179,7 @@ def test_remedy_flags_reproduce_the_remedy_in_plan(capsys, monkeypatch, command,
     model, seq, gpu = command[1], int(command[command.index("--seq") + 1]), command[-1]
     expected = plan_model(model, Setup.for_batch(seq=seq, **given), gpu=gpu)
     assert not expected.fits and expected.remedies
-    plan_module = importlib.import_module("gpuwise.planning.plan")  # the package exports a function of that name
+    plan_module = importlib.import_module("gpuwise.planning.planner")  # the package exports a function of that name
     monkeypatch.setattr(plan_module, "remedies", lambda *a, **k: ())  # the re-plans' own remedies are not checked
     for remedy in expected.remedies:
         code, out, err = run_cli(capsys, "plan", *command, *remedy.flags.split(), "--json")

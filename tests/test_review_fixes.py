@@ -12,12 +12,12 @@ from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning import Setup
+from gpuwise.planning.cost.serving import DecodeRead, _rate, decode_floor
 from gpuwise.planning.fit import fit_on
 from gpuwise.planning.parallel import check, layout
-from gpuwise.planning.quantize import FORMATS
 from gpuwise.planning.remedies import TRAINING
-from gpuwise.planning.serving import DecodeRead, _rate, decode_floor
 from gpuwise.planning.transforms import Linear4bit
+from gpuwise.planning.transforms.quantize import FORMATS
 from test_parallel import GPT, LLAMA, PLANNERS, SEQ, G, W
 
 FSDP_PP = Setup(micro_batch=1, grad_accum=4, seq=SEQ, gpus=4, pp=2, sharding="fsdp")

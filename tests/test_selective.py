@@ -19,10 +19,10 @@ from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import get_model
 from gpuwise.models.llama import Llama, LlamaConfig
-from gpuwise.planning.capture import capture
+from gpuwise.planning.capture.step import capture
+from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.source import ZooSource
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.sources import ZooSource
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.parallelize import parallelize
 from gpuwise.units import GiB

@@ -6,7 +6,7 @@ import pytest
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import load_catalog
-from gpuwise.planning.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
+from gpuwise.planning.cost.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
 
 CATALOG = load_catalog()
 GiB = 2**30

@@ -120,9 +120,9 @@ def test_auto_picks_the_largest_micro_batch_the_plan_fits():
     from dataclasses import replace
 
     from gpuwise.models import get_model
+    from gpuwise.planning.capture.workload import simulate
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import ZooSource
-    from gpuwise.planning.workload import simulate
+    from gpuwise.planning.sources import ZooSource
     from gpuwise.training.auto import choose
 
     gpt = GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32)

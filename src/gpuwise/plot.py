@@ -12,8 +12,8 @@ from gpuwise.units import GiB
 
 if TYPE_CHECKING:
     from gpuwise.bench.run import BenchReport
-    from gpuwise.planning.plan import MemoryPlan
-    from gpuwise.planning.recommend import Recommendation
+    from gpuwise.planning.planner import MemoryPlan
+    from gpuwise.recommend import Recommendation
 
 _COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "temporaries": "#8172b3", "inputs": "#937860", "kv_cache": "#da8bc3"}
@@ -26,7 +26,7 @@ def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpuwise.planning.tracker import CATEGORIES
+    from gpuwise.planning.capture.tracker import CATEGORIES
 
     live = plan.timeline / GiB
     x = np.arange(len(live))

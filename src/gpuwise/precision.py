@@ -63,7 +63,7 @@ class PrecisionSpec:
     tf32: bool  # fp32 matmuls may run on TF32 tensor cores
     needs_bf16: bool  # refused on a device without bf16
     rate_key: str  # the catalog's peak rate that bounds the step
-    # the linear layers' matmuls in fp8 (torchao's Float8Linear, planning/float8.py); the rest of the step at
+    # the linear layers' matmuls in fp8 (torchao's Float8Linear, planning/transforms/float8.py); the rest of the step at
     # ``compute``'s rate
     float8: bool = False
 

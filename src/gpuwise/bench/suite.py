@@ -220,7 +220,7 @@ def _block(b: int, s: int, h: int, heads: int, dtype: str) -> Case:
 
 def _fake_flops(build: Callable[[], torch.nn.Module], shape: tuple[int, ...]) -> float:
     from gpuwise.compat import FakeTensorMode
-    from gpuwise.planning.tracker import Tracker
+    from gpuwise.planning.capture.tracker import Tracker
 
     with FakeTensorMode():
         module = build()
@@ -235,9 +235,9 @@ def _train_step(model: str, batch: int, seq: int, precision: Precision) -> Case:
 
     def make(device: torch.device):
         from gpuwise.models import get_model
+        from gpuwise.planning.capture.workload import simulate
         from gpuwise.planning.setup import Setup
-        from gpuwise.planning.source import ZooSource
-        from gpuwise.planning.workload import simulate
+        from gpuwise.planning.sources import ZooSource
 
         zoo = get_model(model)
         with torch.device(device):

@@ -47,7 +47,7 @@ CompileFlag = Annotated[bool, typer.Option("--compile", help=(
     "torch.compile the model's repeated blocks, as torchtitan does (train compiles the model; plan and recommend "
     "model each block's AOTAutograd partition and inductor's pointwise fusion, the rest eager)."))]
 
-# Model parallelism and offload (planning/parallel.py, planning/sharding.py): --gpus is the total, tp x pp x cp x dp.
+# Model parallelism and offload (parallel/, parallel/sharding.py): --gpus is the total, tp x pp x cp x dp.
 TpOption = Annotated[int | None, typer.Option("--tp", help=(
     "Tensor-parallel GPUs (Megatron's split: q,k,v,gate,up column-parallel, o,down row-parallel, heads and "
     "vocabulary split) [1]."))]
@@ -71,7 +71,7 @@ OffloadOption = Annotated[str | None, typer.Option("--offload", help=(
     "Host memory is reported apart [none]."))]
 
 
-# Inference (planning/quantize.py, planning/serving.py): one --weights for plan and recommend --serve.
+# Inference (planning/transforms/quantize.py, planning/cost/serving.py): one --weights for plan and recommend --serve.
 WeightsOption = Annotated[str | None, typer.Option(help=(
     "Inference weights: bf16 or fp16 (as computed), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes 4-bit, double "
     "quantisation), int4 (AWQ/GPTQ, group 128) or fp8; the blocks' linear layers only; embeddings, norms and head stay "

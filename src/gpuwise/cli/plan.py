@@ -140,7 +140,7 @@ def plan(
     setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=gpus,
                             **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
     model_files(model, hf_config)  # a missing file is refused before torch loads
-    from gpuwise.planning.plan import plan_here
+    from gpuwise.planning.planner import plan_here
 
     result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
     render.emit(result, json=json_out)

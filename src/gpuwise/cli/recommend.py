@@ -164,11 +164,11 @@ def recommend(
     from gpuwise.hardware.calibration import cache_dir, load_calibrations
     from gpuwise.hardware.catalog import load_catalog
     from gpuwise.planning import Setup
-    from gpuwise.planning.recommend import Constraints, Goal, Traffic, read_prices
+    from gpuwise.recommend import Constraints, Goal, Traffic, read_prices
 
     catalog = load_catalog()
     if model is None and hf_config is None:  # no workload: the guide, computed
-        from gpuwise.planning.recommend import guide
+        from gpuwise.recommend import guide
 
         if prices or plot or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu, segment,
                                                           vendor, ecosystem)):
@@ -199,8 +199,8 @@ def recommend(
         traffic = Traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
                           tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
                           tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or "bf16")
-        from gpuwise.planning.recommend import serve as rank_serving
-        from gpuwise.planning.source import resolve_source
+        from gpuwise.planning.sources import resolve_source
+        from gpuwise.recommend import serve as rank_serving
 
         result = rank_serving(resolve_source(model, hf_config), traffic, constraints, batch=batch or 1,
                               precision=precision, image_size=image_size, sort=sort, goal=goal,  # type: ignore[arg-type]
@@ -227,8 +227,8 @@ def recommend(
     given = Setup.recipe_defaults(given)  # QLoRA as PEFT runs it: checkpointing on unless given
     setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
                             **{k: v for k, v in given.items() if v is not None and k != "sharding"})
-    from gpuwise.planning.recommend import recommend as rank
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
+    from gpuwise.recommend import recommend as rank
 
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
                   sharding=sharding, checkpointing_given=given["checkpointing"] is not None, sort=sort,  # type: ignore[arg-type]

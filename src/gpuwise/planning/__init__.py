@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuwise.planning.fit import GpuFit
-    from gpuwise.planning.plan import MemoryPlan, plan, plan_model
+    from gpuwise.planning.planner import MemoryPlan, plan, plan_model
     from gpuwise.planning.remedies import Remedy
     from gpuwise.planning.setup import Setup
 
-_WHERE = {"GpuFit": "fit", "MemoryPlan": "plan", "plan": "plan", "plan_model": "plan", "Remedy": "remedies",
+_WHERE = {"GpuFit": "fit", "MemoryPlan": "planner", "plan": "planner", "plan_model": "planner", "Remedy": "remedies",
           "Setup": "setup"}
 
 
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'gpuwise.planning' has no attribute {name!r}")
     value = globals()[name] = getattr(importlib.import_module(f"gpuwise.planning.{_WHERE[name]}"), name)
-    return value  # kept: the import just bound the submodule gpuwise.planning.plan over the function plan
+    return value
 
 
 __all__ = ["GpuFit", "MemoryPlan", "Remedy", "Setup", "plan", "plan_model"]

@@ -11,9 +11,9 @@ from typing import Literal
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.costmodel import all_to_all_time, step_time_floor
+from gpuwise.planning.cost.step import all_to_all_time, step_time_floor
+from gpuwise.planning.parallel.sharding import PerGpu
 from gpuwise.planning.setup import MAX_BATCH
-from gpuwise.planning.sharding import PerGpu
 from gpuwise.units import MiB
 
 # Memory a CUDA process holds besides its tensors. Estimates, stated as such: the context with lazy
@@ -91,7 +91,7 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
         if timed is not None:
             step_s += timed[0]
     if step.setup.task == "decode":  # one step is one token: the floor of the bytes it must read
-        from gpuwise.planning.serving import DecodeRead, decode_floor
+        from gpuwise.planning.cost.serving import DecodeRead, decode_floor
 
         token = decode_floor(acc, DecodeRead.of(step), calibration=calibration)
         step_s = token_s = None if token is None else token.seconds

@@ -166,7 +166,7 @@ def qlora(s: Setup, gpu: Gpu) -> Setup | None:
 
 def quantized_weights(s: Setup, gpu: Gpu) -> Setup | None:
     """Inference with the blocks' linear layers in 8 bits (bitsandbytes LLM.int8) where that fits with room to spare,
-    else in 4 (NF4): weight-only quantisation as people serve on one card (planning/quantize.py)."""
+    else in 4 (NF4): weight-only quantisation as people serve on one card (planning/transforms/quantize.py)."""
     if s.training or s.weights is not None or gpu.fit(s).fits:  # a smaller batch that fits, even tightly, is kept
         return None
     int8 = replace(s, weights="int8")

@@ -13,16 +13,16 @@ if TYPE_CHECKING:  # not imported at run time: the CLI validates a Setup before 
     import torch
 
 Task = Literal["train", "finetune-lora", "infer", "decode"]  # decode: one generation step over a filled KV cache
-Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # planning/optimizers.py
+Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # capture/optimizers.py
 Checkpointing = Literal["none", "full", "selective"]  # selective: torchtitan's op-level policy (transforms.py)
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
 QLoRARecipe = Literal["peft", "plain"]
-# weight-only formats of inference (planning/quantize.py: storage as the libraries lay it out); bf16 and fp16 hold the
+# weight-only formats of inference (transforms/quantize.py: storage as the libraries lay it out); bf16 and fp16 hold the
 # weights as the step computes (the default)
 Weights = Literal["bf16", "fp16", "fp8", "int8", "int4", "nf4"]
 Loss = Literal["standard", "chunked", "fused"]  # gpuwise.models.loss
-Offload = Literal["none", "optimizer", "params"]  # planning/sharding.py: ZeRO-Offload, FSDP2's CPUOffloadPolicy
+Offload = Literal["none", "optimizer", "params"]  # parallel/sharding.py: ZeRO-Offload, FSDP2's CPUOffloadPolicy
 
 MAX_BATCH = 1 << 20
 MAX_ACCUM = 1 << 16
@@ -87,12 +87,12 @@ class Setup:
     # sequence length)
     context: int | None = None
     weights: Weights | None = None  # inference: the blocks' linear layers quantised (quantize.py); None: as computed
-    # Model parallelism (planning/parallel.py): --gpus is the total, data-parallel over gpus / (tp x pp x cp).
+    # Model parallelism (planning/parallel/): --gpus is the total, data-parallel over gpus / (tp x pp x cp).
     tp: int = 1  # tensor parallel: Megatron's column/row-parallel block, heads and vocabulary split tp ways
     pp: int = 1  # pipeline parallel, 1F1B: each stage holds layers / pp blocks, stage i keeps pp - i micro-batches
     cp: int = 1  # context parallel: ring attention over the sequence split cp ways
     # expert parallel (torchtitan's EP): the routed experts split ep ways over the data- and context-parallel ranks
-    # (ep divides dp_shard x cp; --gpus is unchanged), tokens exchanged by all-to-all (planning/parallel.py)
+    # (ep divides dp_shard x cp; --gpus is unchanged), tokens exchanged by all-to-all (planning/parallel/)
     ep: int = 1
     # the busiest expert's routed tokens over its balanced share (a capacity factor, Switch Transformer sec. 2.2)
     moe_imbalance: float = 1.0

@@ -165,7 +165,7 @@ def _decode_rows(plan: MemoryPlan, head: Table) -> None:
     if s.quantized:
         fused = plan.experts is not None and plan.experts.fused and s.weights in ("int4", "fp8")  # vLLM's fused MoE
         head.add_row("weights", f"{s.weights} in the blocks' linear layers{' and routed experts' if fused else ''} "
-                     "(planning/quantize.py); embeddings, norms "
+                     "(planning/transforms/quantize.py); embeddings, norms "
                      f"and head {s.spec.compute if s.spec.compute in ('bf16', 'fp16') else 'fp32'}")
     if d is not None:
         seqs = f"{d.batch} sequences" if d.batch > 1 else "1 sequence"

@@ -11,7 +11,7 @@ from rich.table import Table
 from gpuwise.render._common import _num, to_jsonable
 
 if TYPE_CHECKING:
-    from gpuwise.planning.recommend import Guide, Option, Recommendation
+    from gpuwise.recommend import Guide, Option, Recommendation
 
 SHOWN = 15  # rows in the table; --json has every one
 
@@ -129,7 +129,7 @@ def _moe(r: Recommendation) -> str | None:
         return (f"{head} Training FLOPs are the captured step's, each token through its {e.top_k} experts (~6 x "
                 f"{_billions(e.active)} a token, not 6 x {_billions(e.total)}); memory holds every expert. Routing: "
                 f"{r.routing or 'as captured'}.")
-    from gpuwise.planning.serving import experts_touched, moe_weights_read
+    from gpuwise.planning.cost.serving import experts_touched, moe_weights_read
 
     full = 16
     return (f"{head} Memory holds all {_billions(e.total)}; a decode step at batch B reads the dense weights and the "
@@ -229,7 +229,7 @@ def _experts_json(r: Recommendation) -> dict[str, Any] | None:
     data: dict[str, Any] = {"experts": e.experts, "top_k": e.top_k, "routed_params": e.params, "total": e.total,
                             "active": e.active}
     if r.traffic is not None:
-        from gpuwise.planning.serving import experts_touched, moe_weights_read
+        from gpuwise.planning.cost.serving import experts_touched, moe_weights_read
 
         data["decode_read"] = [
             {"batch": b, "experts_touched": experts_touched(e.experts, e.top_k, b),

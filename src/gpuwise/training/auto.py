@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.workload import simulate
 from gpuwise.units import human_bytes
 
 

@@ -48,14 +48,14 @@ def apply_checkpointing(model: nn.Module, mode: str = "full") -> None:
 def apply_float8(model: nn.Module) -> None:
     """--precision fp8: torchao's float8 training (``convert_to_float8_training``, default recipe: tensorwise dynamic
     scaling) on every linear layer but the output head, those with dimensions that are multiples of 16, as
-    torchtitan converts (the planner simulates the same: planning/float8.py)."""
+    torchtitan converts (the planner simulates the same: planning/transforms/float8.py)."""
     try:
         from torchao.float8 import convert_to_float8_training
     except ImportError as exc:
         raise GpuwiseError("--precision fp8 trains with torchao's float8 linear layers, and torchao is not installed",
                            "pip install torchao, or use --precision bf16-mixed") from exc
-    from gpuwise.planning.float8 import float8_eligible
     from gpuwise.planning.transforms import find_blocks, select_targets
+    from gpuwise.planning.transforms.float8 import float8_eligible
 
     head = select_targets(model, find_blocks(model), None)[2]
     convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear)

@@ -168,7 +168,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
     import torch
 
     from gpuwise.optim import param_groups
-    from gpuwise.planning.workload import simulate
+    from gpuwise.planning.capture.workload import simulate
     from gpuwise.precision import PRECISIONS
     from gpuwise.training.distributed import agree_min
     from gpuwise.training.trainer import Runtime, Trainer
@@ -271,7 +271,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
 def oom_advice_for(source, setup, gpu: str, *, remedies: int = 3) -> str:
     """What the plan says of ``setup`` on the catalog GPU ``gpu`` at an OOM: its peak by category and the first
     ``remedies`` remedies in order, each as the flags to add."""
-    from gpuwise.planning.plan import plan
+    from gpuwise.planning.planner import plan
     from gpuwise.units import human_bytes
 
     p = plan(source, setup, gpu=gpu)
@@ -344,16 +344,16 @@ def _context(task, target: Target, config, world: int, one, micro: int, predicte
     if not target.gpu or row is None:
         return ctx
     try:
-        from gpuwise.planning.costmodel import step_time
-        from gpuwise.planning.sharding import per_gpu
-        from gpuwise.planning.tracker import NONE
-        from gpuwise.planning.workload import simulate
+        from gpuwise.planning.capture.tracker import NONE
+        from gpuwise.planning.capture.workload import simulate
+        from gpuwise.planning.cost.step import step_time
+        from gpuwise.planning.parallel.sharding import per_gpu
 
         setup = _replace(one, micro_batch=micro, grad_accum=one.micro_batch * one.grad_accum // micro)
         w = simulate(task.source, setup, batch_model=False)
         t = step_time(per_gpu(w, setup), row)
         kernels = int(w.costs.count[w.costs.kind != NONE].sum())  # ops that launch a kernel
-        from gpuwise.planning.plan import plan
+        from gpuwise.planning.planner import plan
 
         remedies = tuple(f"{r.name}: add {r.flags}" if r.flags else r.name
                          for r in plan(task.source, setup, gpu=row.key).remedies if r.fits)

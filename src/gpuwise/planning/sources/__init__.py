@@ -29,12 +29,12 @@ from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.files import file_function
 from gpuwise.models import ZooModel, get_model
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
-from gpuwise.planning import hf_audio, hf_inputs
-from gpuwise.planning.hf_build import concrete_constants, fake_conversions
-from gpuwise.planning.quantize import fused_expert_weights
+from gpuwise.planning.capture.blocks import Misaligned, kinds_of, signatures
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.stack import Misaligned, kinds_of, signatures
+from gpuwise.planning.sources import hf_audio, hf_inputs
+from gpuwise.planning.sources.hf_build import concrete_constants, fake_conversions
 from gpuwise.planning.transforms import find_blocks
+from gpuwise.planning.transforms.quantize import fused_expert_weights
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -41,7 +41,7 @@ def _code_fingerprint() -> str:
 
 def source_key(source) -> str | None:
     """What identifies ``source``'s model beyond gpuwise's own code; None for a user's file (never kept)."""
-    from gpuwise.planning.source import HFSource, ZooSource
+    from gpuwise.planning.sources import HFSource, ZooSource
 
     if isinstance(source, ZooSource):
         return f"zoo {source.zoo.name}"  # zoo models are defined in gpuwise's source files, already hashed

@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.costmodel import COPY_CEILING, GEMM_CEILING, Efficiency, clock_share, efficiency, memory_class
-from gpuwise.planning.quantize import FORMATS
-from gpuwise.planning.tracker import CATEGORIES
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.cost.step import COPY_CEILING, GEMM_CEILING, Efficiency, clock_share, efficiency, memory_class
+from gpuwise.planning.transforms.quantize import FORMATS
 
 if TYPE_CHECKING:
-    from gpuwise.planning.sharding import PerGpu
+    from gpuwise.planning.parallel.sharding import PerGpu
 
 # Bytes per weight of weight-only quantisation: the formats gpuwise plan --weights simulates are stored as
-# planning/quantize.py lays them out (the one place that decides; here for a 4096 x 4096 layer: int4 as AWQ group 128
+# transforms/quantize.py lays them out (the one place that decides; here for a 4096 x 4096 layer: int4 as AWQ group 128
 # ~0.52, nf4 with double quantisation 4.127 bits, Dettmers et al. 2023, QLoRA §2; int8 and fp8 1 B plus their
 # scales); llama.cpp Q4_K_M, not simulated, ~4.9 bits on Llama-3-8B (4.58 GiB for 8.03 B weights,
 # XiongjieDai/GPU-Benchmarks-on-LLM-Inference).

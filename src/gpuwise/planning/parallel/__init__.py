@@ -51,7 +51,7 @@ inside the fake mode, so the capture records what one rank allocates and compute
   are at that bound, so it receives F x tokens x k rows (at most every rank's, N x tokens x k: min(F, N)), and its
   experts' activations and FLOPs grow by as much. Without EP one GPU holds every expert and computes every routed
   row whatever the split (a grouped matmul's memory and FLOPs do not depend on it); only a model that loops over
-  its experts (the routing stand-in of planning/routing.py) sees the busiest expert's F x share in its per-expert
+  its experts (the routing stand-in of capture/routing.py) sees the busiest expert's F x share in its per-expert
   buffers.
 """
 
@@ -662,7 +662,7 @@ def in_flight(tl, setup: Setup):
     extra = in_flight_micro_batches(setup) - 1
     if extra == 0:
         return tl
-    from gpuwise.planning.tracker import CATEGORIES
+    from gpuwise.planning.capture.tracker import CATEGORIES
 
     act = CATEGORIES.index("activations")
     running = np.array([ph != "optimizer" for ph, _ in tl.labels])

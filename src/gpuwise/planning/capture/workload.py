@@ -6,14 +6,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-import gpuwise.planning.capture_cache as capture_cache
+import gpuwise.planning.capture.cache as capture_cache
+import gpuwise.planning.parallel as parallel
 from gpuwise.errors import GpuwiseError, NotApplicable
-from gpuwise.planning import parallel
-from gpuwise.planning.capture import Capture, capture
-from gpuwise.planning.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
+from gpuwise.planning.capture.blocks import Stack, plan_stack
+from gpuwise.planning.capture.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
+from gpuwise.planning.capture.step import Capture, capture
+from gpuwise.planning.capture.tracker import OpCosts
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.stack import Stack, plan_stack
-from gpuwise.planning.tracker import OpCosts
 from gpuwise.planning.transforms import UnevenTargets
 
 
@@ -160,7 +160,7 @@ def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) ->
 def _expert_bytes_per_param(setup: Setup, experts) -> float:
     """Bytes a routed-expert parameter is stored in: the weights' dtype, or ``--weights``' format where it applies to
     experts (quantize.py: nn.Linear experts always; transformers 5's fused 3-D experts under vLLM's formats only)."""
-    from gpuwise.planning.quantize import EXPERT_FORMATS, FORMATS
+    from gpuwise.planning.transforms.quantize import EXPERT_FORMATS, FORMATS
 
     held = float(setup.weight_dtype.itemsize)
     if not setup.quantized or not experts.params:

@@ -15,16 +15,16 @@ import numpy as np
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.capture.workload import Workload, simulate_if_applicable
+from gpuwise.planning.cost.serving import DecodeRead
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
 from gpuwise.planning.parallel import AllToAll, Layout, hot_rank_factor, layout, stage_layers
-from gpuwise.planning.quantize import experts_note
+from gpuwise.planning.parallel.sharding import PerGpu, capture_setup, per_gpu
 from gpuwise.planning.remedies import Remedy, remedies
-from gpuwise.planning.serving import DecodeRead
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sharding import PerGpu, capture_setup, per_gpu
-from gpuwise.planning.source import Experts, resolve_source
-from gpuwise.planning.tracker import CATEGORIES
-from gpuwise.planning.workload import Workload, simulate_if_applicable
+from gpuwise.planning.sources import Experts, resolve_source
+from gpuwise.planning.transforms.quantize import experts_note
 
 __all__ = ["OVERHEAD_BYTES", "TIGHT_FRACTION", "GpuFit", "MemoryPlan", "Remedy", "plan", "plan_model"]
 
@@ -56,7 +56,7 @@ class MemoryPlan:
     uncosted: dict[str, int]
     captured_blocks: tuple[int, ...] | None
     host_bytes: int = 0  # host memory per GPU for --offload's state (not in the fit)
-    layout: Layout | None = None  # --tp/--pp/--cp/--nodes/--offload: how the GPUs split the work (planning/parallel.py)
+    layout: Layout | None = None  # --tp/--pp/--cp/--nodes/--offload: how the GPUs split the work (planning/parallel/)
     # a training step planned without accumulation: its peak if the gradients stayed alive through forward and
     # backward, as they do from the second micro-batch on when --batch is above --micro-batch (None otherwise)
     accumulation_peak_bytes: int | None = None
@@ -64,7 +64,7 @@ class MemoryPlan:
     timeline_phases: tuple[str, ...] = field(repr=False, compare=False)
     decode: DecodeRead | None = None  # --task decode: what one step reads (each GPU's token floor is in gpus)
     experts: Experts | None = None  # a Mixture-of-Experts model's routed experts: total and active parameters
-    routing: str | None = None  # how the routed tokens were split among the experts (planning/routing.py)
+    routing: str | None = None  # how the routed tokens were split among the experts (planning/capture/routing.py)
     notes: tuple[str, ...] = ()  # what the figures rest on that a user may not expect (quantize.experts_note)
     all_to_all: AllToAll | None = None  # --ep: what one GPU's all-to-alls move over a step (parallel.AllToAll)
 
@@ -87,7 +87,7 @@ class Planner:
 
     def per_gpu(self, setup: Setup, *, batch_model: bool = False) -> PerGpu:
         """One GPU of ``setup``; under --pp the worst stage's: the first (the most micro-batches in flight) or the
-        last (the head and the loss), each captured as it runs (planning/parallel.py)."""
+        last (the head and the loss), each captured as it runs (planning/parallel/)."""
         hit = self._per_gpu.get(setup)
         if hit is None or (batch_model and hit.batch_model is None):
             if setup.pp > 1 and setup.stage is None:
@@ -221,7 +221,7 @@ def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None, acc=
     in the dtype the experts take (the captured residual stream's: fp32 under autocast over fp32 weights, 16-bit
     where the step computes with 16-bit parameters, as sharded runs do); the busiest GPU's under --moe-imbalance,
     the dispatch run again where --checkpointing recomputes the block; timed on ``acc`` where it has a link."""
-    from gpuwise.planning.costmodel import all_to_all_time
+    from gpuwise.planning.cost.step import all_to_all_time
 
     s, w = step.setup, step.workload
     if experts is None or s.ep == 1:

@@ -21,9 +21,9 @@ from itertools import groupby
 
 import numpy as np
 
-from gpuwise.planning.capture import Capture, weighed
-from gpuwise.planning.stack import Misaligned, Stack
-from gpuwise.planning.tracker import OpRows
+from gpuwise.planning.capture.blocks import Misaligned, Stack
+from gpuwise.planning.capture.step import Capture, weighed
+from gpuwise.planning.capture.tracker import OpRows
 
 __all__ = ["Misaligned", "Timeline", "batch_affine", "capture_at", "extrapolate_blocks"]
 

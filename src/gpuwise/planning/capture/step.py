@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import gpuwise.planning.parallel as parallel
 from gpuwise.compat import (
     FAKE_TENSOR_LOGGER,
     DataDependentOutputException,
@@ -38,17 +39,16 @@ from gpuwise.compat import (
 )
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
-from gpuwise.planning import parallel
-from gpuwise.planning.autocast import CudaEmulation
-from gpuwise.planning.compiled import apply_compile
-from gpuwise.planning.float8 import apply_float8
-from gpuwise.planning.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
-from gpuwise.planning.quantize import quantize_weights
-from gpuwise.planning.routing import ASSUMPTION, BalancedRouting
+from gpuwise.planning.capture.autocast import CudaEmulation
+from gpuwise.planning.capture.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
+from gpuwise.planning.capture.routing import ASSUMPTION, BalancedRouting
+from gpuwise.planning.capture.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.source import Built
-from gpuwise.planning.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
+from gpuwise.planning.sources import Built
 from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks, select_targets
+from gpuwise.planning.transforms.compiled import apply_compile
+from gpuwise.planning.transforms.float8 import apply_float8
+from gpuwise.planning.transforms.quantize import quantize_weights
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,7 +225,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
 
     ``fake=False`` runs the same step for real on ``device`` (tests on the CPU; a GPU check on "cuda",
     which also reads ``torch.cuda.max_memory_allocated()``). A model that reads a fake tensor's value is recorded
-    again with concrete twins of its constants (planning/routing.py): a Mixture-of-Experts model that reads its
+    again with concrete twins of its constants (planning/capture/routing.py): a Mixture-of-Experts model that reads its
     router's choice under the balanced routing stand-in, a dense one that reads a constant it made (Longformer's
     all-ones mask, X-MOD's language ids) exactly. A value read neither answers fails as before, after both tries.
     """
@@ -256,7 +256,7 @@ def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: st
         # early stop raises through whatever modes are active during recomputation.
         with default_dtype(build_dtype), torch.device(device):
             built: Built = source.build(setup, batch, n_layer)
-            built = parallel.rank_step(built, setup)  # one GPU's slice under --tp/--pp (planning/parallel.py)
+            built = parallel.rank_step(built, setup)  # one GPU's slice under --tp/--pp (planning/parallel/)
         model = built.model
         params = sum(p.numel() for p in model.parameters())
         blocks = find_blocks(model)
@@ -270,7 +270,7 @@ def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: st
         if setup.spec.float8:  # --precision fp8: torchao's Float8Linear for every linear layer but the head
             apply_float8(model, setup.compute_dtype, select_targets(model, blocks, None)[2])
         compiled = None
-        if setup.compile:  # each block compiled, with checkpointing inside its graph (planning/compiled.py)
+        if setup.compile:  # each block compiled, with checkpointing inside its graph (planning/transforms/compiled.py)
             if blocks is None:
                 raise NotApplicable("--compile compiles each repeated block (torchtitan's apply_compile), and the "
                                     "model has none (an nn.ModuleList)",

@@ -20,10 +20,10 @@ import numpy as np
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.tracker import ATTENTION, MATMUL_FP8, MATMUL_FP32, NONE, PHASES
+from gpuwise.planning.capture.tracker import ATTENTION, MATMUL_FP8, MATMUL_FP32, NONE, PHASES
 
 if TYPE_CHECKING:
-    from gpuwise.planning.sharding import PerGpu
+    from gpuwise.planning.parallel.sharding import PerGpu
 
 Basis = Literal["datasheet", "measured"]
 MemoryClass = Literal["HBM", "GDDR", "unified", "other"]

@@ -33,9 +33,9 @@ from gpuwise.planning.setup import MAX_ACCUM, Setup, Weights
 from gpuwise.precision import PRECISIONS, default_precision, same_bytes
 
 if TYPE_CHECKING:  # the engine loads torch: imported where it runs, so the arguments are checked without it
-    from gpuwise.planning.plan import Planner
-    from gpuwise.planning.sharding import PerGpu
-    from gpuwise.planning.source import Experts
+    from gpuwise.planning.parallel.sharding import PerGpu
+    from gpuwise.planning.planner import Planner
+    from gpuwise.planning.sources import Experts
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # serving.WEIGHT_BYTES' keys, named without importing it (it loads torch): plan's formats, fp32 and llama.cpp's Q4_K_M
@@ -207,7 +207,7 @@ class Recommendation:
 def _states_bytes(step: PerGpu) -> float:
     """The most the weights, gradients and optimizer states hold at once: what no checkpointing can free (paged
     optimizer state aside: it can spill to the host)."""
-    from gpuwise.planning.tracker import CATEGORIES
+    from gpuwise.planning.capture.tracker import CATEGORIES
 
     cols = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
     return float(step.live[:, cols].sum(axis=1).max()) - step.paged_bytes
@@ -257,7 +257,7 @@ class _Search:
         """The first setup of ``n`` x ``acc`` that fits, in the remedies' order (DDP, then with checkpointing,
         then FSDP, then FSDP with checkpointing), at the largest micro-batch that fits and divides the per-GPU
         batch; with its PerGpu and StepTime. Or (None, why not)."""
-        from gpuwise.planning.costmodel import step_time
+        from gpuwise.planning.cost.step import step_time
         from gpuwise.planning.fit import OVERHEAD_BYTES, fit_on, max_micro_batch
 
         per_gpu = self.setup.batch // n
@@ -302,7 +302,7 @@ class _Search:
         """The step at ``micro`` x ``accum`` from the captures of ``probe`` with two micro-batches held, without
         capturing it (``Workload.at``: equal to a capture where the step is affine in the batch); None where
         those captures cannot tell."""
-        from gpuwise.planning.sharding import per_gpu
+        from gpuwise.planning.parallel.sharding import per_gpu
 
         run = replace(probe, micro_batch=micro, grad_accum=accum)
         if run not in self._steps:
@@ -390,7 +390,7 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     """Rank every catalog accelerator and count for training ``source`` as ``setup`` says (its global batch and
     sequence kept) until ``goal``. ``precision`` None: each GPU's default (bf16 autocast where it has bf16);
     ``sharding`` None: DDP if it fits, else FSDP (plan's remedies' order)."""
-    from gpuwise.planning.plan import Planner
+    from gpuwise.planning.planner import Planner
 
     c = constraints or Constraints()
     catalog = catalog or load_catalog()
@@ -450,7 +450,7 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
     experts = getattr(source, "experts", None)
     routing = None
     if experts is not None and search.costed is not None:  # as plan says it: the stand-in, else any split
-        from gpuwise.planning.plan import routing_assumption
+        from gpuwise.planning.planner import routing_assumption
 
         routing = routing_assumption(search.costed.workload, experts, search.costed.setup)
     return Recommendation(model=source.name, setup=setup, goal=goal, constraints=c,
@@ -581,7 +581,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     cache that fits, replicas for the users); any other model by its captured inference step at ``batch``
     (int8 end to end with ``--weights int8``, and on chips that only have an int8 rate). ``goal`` in tokens (or
     samples) to produce prices the whole job."""
-    from gpuwise.planning.plan import Planner
+    from gpuwise.planning.planner import Planner
 
     c = constraints or Constraints()
     catalog = catalog or load_catalog()
@@ -605,7 +605,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
             raise GpuwiseError(f"--prompt-tokens + --output-tokens = {traffic.context} is more than {source.name}'s "
                                f"{limit} positions", f"keep the two under {limit + 1}")
         # the formats plan simulates are captured as stored (quantize.py: embeddings and head stay 16-bit)
-        from gpuwise.planning.quantize import FORMATS
+        from gpuwise.planning.transforms.quantize import FORMATS
 
         setup = Setup(task="infer", micro_batch=1, seq=traffic.prompt_tokens, precision="bf16",
                       weights=traffic.weights if traffic.weights in FORMATS else None)
@@ -649,7 +649,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
     kept.sort(key=key)
     routing = None
     if experts is not None:
-        from gpuwise.planning.serving import UNIFORM_ROUTING as routing
+        from gpuwise.planning.cost.serving import UNIFORM_ROUTING as routing
     return Recommendation(model=source.name, setup=Setup(task="infer", micro_batch=batch), goal=goal,
                           constraints=c, unit=unit, sort=sort, rows=tuple(kept), excluded=tuple(excluded + out),
                           traffic=traffic, experts=experts, routing=routing)
@@ -682,9 +682,9 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     A Mixture of Experts (``experts``) holds every expert, but a step reads the dense weights and the experts its
     batch touches (serving.moe_weights_read, uniform routing); tensor parallelism splits every expert's matrices
     over the replica's GPUs, so each GPU reads that share of its slice."""
-    from gpuwise.planning.costmodel import allreduce_link
-    from gpuwise.planning.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
-    from gpuwise.planning.tracker import CATEGORIES
+    from gpuwise.planning.capture.tracker import CATEGORIES
+    from gpuwise.planning.cost.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
+    from gpuwise.planning.cost.step import allreduce_link
 
     params = step.workload.params
     weights = params * bytes_per_weight(traffic.weights)
@@ -769,7 +769,7 @@ def _infer_precision(acc: Accelerator) -> str:
 def _serve_step(acc: Accelerator, planner: Planner, setup: Setup, traffic: Traffic, c: Constraints, goal: Goal,
                 calibration: Calibration | None) -> tuple[Option | None, str]:
     """A non-decoder model served one batch at a time on one GPU per replica: the captured inference step."""
-    from gpuwise.planning.costmodel import step_time
+    from gpuwise.planning.cost.step import step_time
 
     int8 = traffic.weights == "int8"
     sixteen = acc.peak_tflops.get("bf16") or acc.peak_tflops.get("fp16")
@@ -850,7 +850,7 @@ def guide(*, catalog: Catalog | None = None, calibrations: Mapping[str, Calibrat
     """What the buying guides say in prose, computed: six common jobs, each ranked over the whole catalog, with
     the fastest, the cheapest and the most work per joule. Nothing here is typed in: it is ``recommend``'s and
     ``serve``'s ranking of each job."""
-    from gpuwise.planning.source import resolve_source
+    from gpuwise.planning.sources import resolve_source
 
     catalog = catalog or load_catalog()
     kw = {"catalog": catalog, "calibrations": calibrations}

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+import gpuwise.planning.sources.hf_audio as hf_audio
 from gpuwise.compat import unset_fake_temporarily
 from gpuwise.errors import GpuwiseError
-from gpuwise.planning import hf_audio
 
 TOKENS, PIXELS = "input_ids", "pixel_values"
 FEATURES, VALUES = hf_audio.FEATURES, hf_audio.VALUES  # audio: log-mel frames, a waveform

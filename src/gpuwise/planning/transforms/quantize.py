@@ -62,7 +62,7 @@ from gpuwise.errors import NotApplicable
 
 if TYPE_CHECKING:
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.source import Experts
+    from gpuwise.planning.sources import Experts
 
 NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit (FORMATS["nf4"] is also the QLoRA base: transforms.py)
 NF4_SECOND_BLOCK = 256  # double quantisation: absmax values per fp32 constant

@@ -34,7 +34,7 @@ the stage's 16-bit parameters are gathered once and kept through every micro-bat
 unsharded (fp32 under mixed precision) until the last micro-batch's backward reduce-scatters them.
 HSDP (``--nodes M`` with fsdp): the states shard over the GPUs of one node's data-parallel group
 (``Setup.shard_gpus``) and are replicated across nodes: per GPU what FSDP over that group holds.
-Tensor, pipeline and context parallelism change the capture itself (planning/parallel.py); the
+Tensor, pipeline and context parallelism change the capture itself (planning/parallel/); the
 data-parallel degree is what is left, ``gpus / (tp x pp x cp)``.
 Expert parallelism (``--ep``) changes the capture too: the GPU holds E / ep of the routed experts (parallel.py).
 Their states then shard over the ``shard_gpus / ep`` ranks of torchtitan's ``dp_shard_mod_ep`` mesh, the others'
@@ -51,12 +51,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gpuwise.planning.optimizers import SPECS
+from gpuwise.planning.capture.optimizers import SPECS
+from gpuwise.planning.capture.scaling import Timeline
+from gpuwise.planning.capture.tracker import CATEGORIES
+from gpuwise.planning.capture.workload import Workload
 from gpuwise.planning.parallel import in_flight
-from gpuwise.planning.scaling import Timeline
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.tracker import CATEGORIES
-from gpuwise.planning.workload import Workload
 
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))
 

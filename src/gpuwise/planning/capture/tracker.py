@@ -32,7 +32,7 @@ from torch.utils.flop_counter import flop_registry
 
 from gpuwise.compat import TorchDispatchMode, tree_leaves
 from gpuwise.errors import GpuwiseError
-from gpuwise.planning.autocast import grouped_mm
+from gpuwise.planning.capture.autocast import grouped_mm
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries", "inputs", "kv_cache")
 # A storage carries one category for its whole life; a stronger tag wins (an fp32 parameter saved for
@@ -342,7 +342,7 @@ class Tracker(TorchDispatchMode):
 
     def discount(self, tensors: Iterable[torch.Tensor | None] | torch.Tensor | None) -> None:
         """Count the storages behind these tensors as never allocated: a compiled kernel keeps them in registers
-        (planning/compiled.py, inductor's fusion)."""
+        (planning/transforms/compiled.py, inductor's fusion)."""
         for t in tree_leaves(tensors):
             if isinstance(t, torch.Tensor):
                 hit = self._live.get(id(t.untyped_storage()))

@@ -37,9 +37,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from gpuwise.compat import TorchDispatchMode
 from gpuwise.errors import GpuwiseError, NotApplicable
-from gpuwise.planning.quantize import FORMATS
+from gpuwise.planning.transforms.quantize import FORMATS
 
-# QLoRA's base (Dettmers et al. 2023, sec. 2) is stored as planning/quantize.py's FORMATS["nf4"] lays NF4 out (4-bit
+# QLoRA's base (Dettmers et al. 2023, sec. 2) is stored as transforms/quantize.py's FORMATS["nf4"] lays NF4 out (4-bit
 # weights, one 8-bit absmax per 64, one fp32 constant per 256 absmax): the one table, shared with --weights nf4.
 
 # bitsandbytes before 0.43.2 (July 2024) kept each 4-bit layer's input for a weight gradient it never computes:
@@ -144,7 +144,7 @@ def selective_policy(decided: Callable[[bool], None] | None = None) -> Callable:
     In a Llama block (no biases, so every linear layer is an ``mm``) the saved outputs are wq, wv, w1 and w2 (the 1st,
     3rd, 5th and 7th mm: wq, wk, wv, wo, w1, w3, w2) and attention's output and logsumexp.
 
-    Under --precision fp8 the planner's linear layers call ``_scaled_mm`` (planning/float8.py) where torchao's reach
+    Under --precision fp8 the planner's linear layers call ``_scaled_mm`` (transforms/float8.py) where torchao's reach
     the policy as an ``aten.mm`` on its float8 tensor subclass: counted and kept as one."""
     save_list = _selective_save_list()
     matmuls = (aten.mm.default, aten._scaled_mm.default)
