@@ -114,6 +114,17 @@ class Accelerator:
     estimated: tuple[str, ...]  # fields derived rather than read off a datasheet (see source)
     source: str
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the chip has bf16 matrix units (a catalog rate): none before Ampere, CDNA2, RDNA3. The one rule for
+        a catalog row; a probed device asks ``hardware.detect.bf16_capable`` of its arch."""
+        return bool(self.peak_tflops.get("bf16"))
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the chip has fp8 matrix units (a catalog rate): from Ada and Hopper, CDNA3 on."""
+        return bool(self.peak_tflops.get("fp8"))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the dataclass fields, with the capability as "9.0"."""
         data = dataclasses.asdict(self)

@@ -83,7 +83,7 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
     on them, so they do not hide under the compute)."""
     required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
-    no_fp8 = step.setup.spec.float8 and not acc.peak_tflops.get("fp8")  # before Ada and Hopper: no fp8 tensor cores
+    no_fp8 = step.setup.spec.float8 and not acc.fp8  # before Ada and Hopper: no fp8 tensor cores
     floor = step_time_floor(step, acc, calibration)
     step_s, token_s = None if floor is None else floor.seconds, None
     if step_s is not None and all_to_all is not None:
@@ -100,4 +100,4 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
                   max_batch=0 if no_fp8 else max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
                   step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s,
                   missing_dtype="bf16" if step.setup.spec.needs_bf16 and not no_fp8
-                  and not acc.peak_tflops.get("bf16") else None)
+                  and not acc.bf16 else None)

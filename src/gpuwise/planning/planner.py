@@ -108,7 +108,7 @@ class _RemedyGpu:
 
     @property
     def bf16(self) -> bool:
-        return bool(self.acc.peak_tflops.get("bf16"))  # no bf16 before Ampere
+        return self.acc.bf16  # no bf16 before Ampere
 
     def fit(self, setup: Setup, *, batch_model: bool = False) -> GpuFit:
         try:
@@ -148,7 +148,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     """
     catalog = catalog or load_catalog()
     primary_acc = catalog.get(gpu or primary or DEFAULT_GPU)
-    if setup.spec.float8 and gpu and not primary_acc.peak_tflops.get("fp8"):
+    if setup.spec.float8 and gpu and not primary_acc.fp8:
         raise GpuwiseError(f"--precision fp8 needs fp8 tensor cores (Ada, Hopper or newer): {primary_acc.name} has "
                            "none", "pass --precision bf16-mixed, or a GPU with fp8 (--gpu h100-sxm)")
     if setup.task == "decode" and setup.context is None:  # the plan names the context it chose

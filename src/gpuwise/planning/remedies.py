@@ -13,7 +13,7 @@ from typing import Protocol
 
 from gpuwise.errors import NotApplicable
 from gpuwise.planning.fit import OVERHEAD_BYTES, GpuFit, Status
-from gpuwise.planning.setup import MAX_ACCUM, Setup
+from gpuwise.planning.setup import MAX_ACCUM, Setup, largest_micro_batch
 from gpuwise.precision import half_precision
 
 FSDP_GPUS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -91,7 +91,7 @@ def _largest_micro(s: Setup, per_gpu: int, gpu: Gpu) -> int:
         return 0 if not fit.fits else 1 if per_gpu == 1 else min(fit.max_batch, per_gpu)
     # captured with accumulation: from the second micro-batch on, the first one's gradients are alive
     fit = gpu.fit(replace(s, micro_batch=per_gpu, grad_accum=2), batch_model=True)
-    return next((m for m in range(min(fit.max_batch, per_gpu), 0, -1) if per_gpu % m == 0), 0)
+    return largest_micro_batch(per_gpu, fit.max_batch)
 
 
 def mixed_precision(s: Setup, gpu: Gpu) -> Setup | None:

@@ -407,3 +407,10 @@ class Setup:
         if self.loss != "standard":
             parts.append({"chunked": "chunked cross-entropy", "fused": "fused linear + cross-entropy"}[self.loss])
         return " · ".join(p for p in parts if p)
+
+
+def largest_micro_batch(per_rank: int, limit: int) -> int:
+    """The largest micro-batch of at most ``limit`` samples that divides ``per_rank`` (0 if ``limit`` < 1): the one rule
+    for splitting a process's batch into micro-batch x accumulation, used by the remedies, recommend, ``train``'s
+    automatic choice and its OOM retry."""
+    return next((m for m in range(min(limit, per_rank), 0, -1) if per_rank % m == 0), 0)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS, Accelerator, Catalog, load_catalog
-from gpuwise.planning.setup import MAX_ACCUM, Setup, Weights
+from gpuwise.planning.setup import MAX_ACCUM, Setup, Weights, largest_micro_batch
 from gpuwise.precision import PRECISIONS, default_precision, same_bytes
 
 if TYPE_CHECKING:  # the engine loads torch: imported where it runs, so the arguments are checked without it
@@ -213,8 +213,6 @@ def _states_bytes(step: PerGpu) -> float:
     return float(step.live[:, cols].sum(axis=1).max()) - step.paged_bytes
 
 
-def _divisor_at_most(n: int, limit: int) -> int:
-    return next((m for m in range(min(limit, n), 0, -1) if n % m == 0), 0)
 
 
 def _precision(acc: Accelerator, asked: str | None) -> tuple[str | None, str | None]:
@@ -224,7 +222,7 @@ def _precision(acc: Accelerator, asked: str | None) -> tuple[str | None, str | N
         if not acc.peak_tflops.get(spec.rate_key):
             return None, f"no {spec.rate_key} rate on this chip for --precision {asked}"
         return asked, None
-    bf16 = bool(acc.peak_tflops.get("bf16"))
+    bf16 = acc.bf16
     chosen = default_precision(gpu=True, bf16=bf16)
     if not acc.peak_tflops.get(PRECISIONS[chosen].rate_key):
         if acc.peak_tflops.get("fp32"):
@@ -271,7 +269,7 @@ class _Search:
                             sharding=sharding, checkpointing=ckpt, precision=same_bytes(precision))
             try:
                 step = self._probe(probe)
-                micro = _divisor_at_most(per_gpu, max_micro_batch(step, acc))
+                micro = largest_micro_batch(per_gpu, max_micro_batch(step, acc))
                 if micro == 0 and _states_bytes(step) + OVERHEAD_BYTES > acc.memory_bytes:
                     hopeless.add(sharding)
                 if in_bwd and 0 < micro < per_gpu:
@@ -282,7 +280,7 @@ class _Search:
                     continue
                 exact = self._captured(probe, micro, per_gpu // micro)
                 while not fit_on(exact, acc).fits and micro > 1:  # the affine batch model was a sample off
-                    micro = _divisor_at_most(per_gpu, micro - 1)
+                    micro = largest_micro_batch(per_gpu, micro - 1)
                     exact = self._captured(probe, micro, per_gpu // micro)
             except NotApplicable as exc:
                 reason = exc.args[0]
@@ -763,7 +761,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
 
 def _infer_precision(acc: Accelerator) -> str:
     """Inference holds its weights in the compute dtype: pure bf16 where the chip has it, else fp16."""
-    return "bf16" if acc.peak_tflops.get("bf16") else default_precision(gpu=True, bf16=False)
+    return "bf16" if acc.bf16 else default_precision(gpu=True, bf16=False)
 
 
 def _serve_step(acc: Accelerator, planner: Planner, setup: Setup, traffic: Traffic, c: Constraints, goal: Goal,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION
-from gpuwise.planning.setup import Setup
+from gpuwise.planning.setup import Setup, largest_micro_batch
 from gpuwise.units import human_bytes
 
 
@@ -27,7 +27,7 @@ def choose(source, setup: Setup, *, free_bytes: int, gpu: bool) -> Choice:
     one = replace(setup, micro_batch=1, grad_accum=2 if per_rank > 1 else 1, gpus=1, sharding="ddp")  # one process
     w = simulate(source, one)
     fits = w.batch_model.max_batch(capacity, per_rank) if w.batch_model is not None else per_rank
-    micro = next((m for m in range(min(fits, per_rank), 0, -1) if per_rank % m == 0), 0)
+    micro = largest_micro_batch(per_rank, fits)
     if micro == 0:
         return Choice(micro_batch=1, grad_accum=per_rank, fits=0, reason=(
             f"even a micro-batch of 1 needs more than the {human_bytes(free_bytes)} free: "

@@ -125,7 +125,7 @@ class TrainConfig:
         if PRECISIONS[precision].needs_bf16 and target.gpu and not target.bf16:
             raise GpuwiseError(f"this GPU has no bf16 for --precision {precision}", "use --precision fp16-mixed")
         if PRECISIONS[precision].float8 and not (target.gpu and target.row is not None
-                                                 and target.row.peak_tflops.get("fp8")):
+                                                 and target.row.fp8):
             raise GpuwiseError(f"--precision {precision} needs a GPU with fp8 tensor cores (Ada, Hopper or newer), "
                                f"not {target.model}", "use --precision bf16-mixed")
         return replace(self, precision=precision)

@@ -30,6 +30,7 @@ from torch import nn
 from gpuwise.compat import warm_cpu_vml
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.hardware.device import Target, device_for
+from gpuwise.planning.setup import largest_micro_batch
 from gpuwise.precision import PRECISIONS
 from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
@@ -333,7 +334,7 @@ class Trainer:
                 why = self._explain_oom(self.micro_batch)
                 if self.monitor is not None:
                     self.monitor.oom(self.step + 1, why)
-                smaller = next((m for m in range(self.micro_batch // 2, 0, -1) if self.per_rank % m == 0), 0)
+                smaller = largest_micro_batch(self.per_rank, self.micro_batch // 2)
                 if self.retried or smaller == 0 or self.ranks.world_size > 1:
                     hint = ("under torchrun the processes cannot retry alone: lower --micro-batch"
                             if self.ranks.world_size > 1 and not self.retried else
