@@ -176,3 +176,12 @@ def test_real_gpu_snapshot_agrees_with_nvml_and_the_catalog(env):
         if dev.name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
             assert dev.catalog_match is not None and dev.memory_free_bytes is not None
     assert not diagnose(env).failed, [f for f in diagnose(env).findings if f.status == "fail"]
+
+
+def test_one_dataloader_workers_rule():
+    from gpuwise.environment import suggested_workers, workers_cap
+
+    assert (workers_cap(16, 4), workers_cap(2), workers_cap(1), workers_cap(3, 8)) == (3, 1, 0, 0)
+    assert (suggested_workers(16, 1), suggested_workers(16, 4), suggested_workers(64, 2)) == (8, 3, 8)
+    assert suggested_workers(2, 1) == 1  # a GPU always gets one worker
+    assert (suggested_workers(16, 0), suggested_workers(2, 0), suggested_workers(64, 0)) == (4, 0, 4)

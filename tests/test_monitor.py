@@ -106,11 +106,13 @@ def test_an_oom_is_recorded_where_it_happens_with_the_plans_breakdown_and_remedi
 
     from gpuwise.models.gpt import GPT, GPTConfig
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import resolve_source
+    from gpuwise.planning.sources.resolve import resolve_source
     from gpuwise.training.config import TrainConfig
     from gpuwise.training.data import CharText
+    from gpuwise.training.loss import model_loss
     from gpuwise.training.run import oom_advice_for
-    from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer, model_loss
+    from gpuwise.training.runplan import RunPlan
+    from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer
 
     advice = oom_advice_for(resolve_source("gpt2-xl", None), Setup(micro_batch=16, seq=1024), "rtx-4090")
     assert advice.startswith("the plan's peak at micro-batch 16: ") and "optimizer" in advice
@@ -125,7 +127,11 @@ def test_an_oom_is_recorded_where_it_happens_with_the_plans_breakdown_and_remedi
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=data.vocab_size, block_size=16))
     mon = Monitor(interval_s=10, gpus=False)
-    runtime = Runtime(monitor=mon, oom_advice=lambda m: f"plan advice at {m}")
+    class Advised(RunPlan):  # the plan's OOM note, as the trainer adds it to the OOM's message
+        def oom_note(self, micro: int) -> list[str]:
+            return [f"plan advice at {micro}"]
+
+    runtime = Runtime(monitor=mon, plan=Advised())
     trainer = Trainer(model, torch.optim.AdamW(model.parameters()), data, TrainConfig(steps=2, batch=4),
                       loss_fn=loss_fn, runtime=runtime)
     with mon:

@@ -1,5 +1,6 @@
-"""diagnose: one synthetic record per class, the borderline records that must not fire, the input-bound arithmetic
-against a hand computation, the primary ordering, the watch (no steps) and empty cases, and the JSON output."""
+"""monitor.rules.judge: one synthetic record per class, the borderline records that must not fire, the input-bound
+arithmetic against a hand computation, the primary ordering, the watch (no steps) and empty cases, and the JSON
+output."""
 
 from __future__ import annotations
 
@@ -7,17 +8,7 @@ import json
 
 import pytest
 
-from gpuwise.monitor.diagnose import (
-    BOTTLENECKS,
-    COMM_EXPOSED_SHARE,
-    INPUT_WAIT_SHARE,
-    Context,
-    Diagnosis,
-    Loader,
-    diagnose,
-    diagnosis_json,
-    render_lines,
-)
+from gpuwise.monitor.rules import judge
 from gpuwise.monitor.samples import (
     AllocatorSample,
     DeviceSample,
@@ -27,6 +18,9 @@ from gpuwise.monitor.samples import (
     Sample,
     StepEvent,
 )
+from gpuwise.monitor.thresholds import COMM_EXPOSED_SHARE, INPUT_WAIT_SHARE
+from gpuwise.monitor.verdict import BOTTLENECKS, Context, Diagnosis, Loader
+from gpuwise.render.diagnosis import diagnosis_json, render_lines
 from gpuwise.units import GiB
 
 H200 = {"memory_total_bytes": 141 * GiB, "sm_clock_max_mhz": 1980.0}
@@ -67,7 +61,7 @@ def names(d: Diagnosis) -> list[str]:
 
 def test_input_bound_cpu_sleeping_dataset():
     # §B6: a 5 ms/sample dataset with 0 workers measured 0.69-0.73 data-wait share
-    d = diagnose(Record(steps=steps(40, seconds=0.1, wait=0.071)), Context(device="cpu", usable_cores=4))
+    d = judge(Record(steps=steps(40, seconds=0.1, wait=0.071)), Context(device="cpu", usable_cores=4))
     assert d.bottleneck == "input-bound"
     assert d.findings[0].share == pytest.approx(0.71)
     assert any("num_workers=" in f for f in d.fix)
@@ -77,7 +71,7 @@ def test_input_bound_cpu_sleeping_dataset():
 
 def test_input_bound_gpu_names_every_loader_setting():
     rec = gpu_record(steps(30, wait=0.6), samples(60, util_pct=40.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "input-bound"
     fix = d.fix[0]
     for setting in ("num_workers=", "pin_memory=True", "prefetch_factor=", "persistent_workers=True"):
@@ -88,7 +82,7 @@ def test_input_bound_gpu_names_every_loader_setting():
 
 def test_input_bound_keeps_settings_already_on():
     loader = Loader(num_workers=1, pin_memory=True, persistent_workers=True, prefetch_factor=2)
-    d = diagnose(gpu_record(steps(30, wait=0.6), samples(60, util_pct=40.0)),
+    d = judge(gpu_record(steps(30, wait=0.6), samples(60, util_pct=40.0)),
                  Context(device="cuda", usable_cores=16, loader=loader))
     assert "pin_memory" not in d.fix[0] and "persistent_workers" not in d.fix[0]
     assert d.evidence["num_workers_now"] == 1 and d.evidence["num_workers_from"] == "the DataLoader"
@@ -96,7 +90,7 @@ def test_input_bound_keeps_settings_already_on():
 
 def test_communication_bound():
     rec = gpu_record(steps(30, comm_s=0.5, exposed_comm_s=0.3))
-    d = diagnose(rec, Context(device="cuda", usable_cores=16, world_size=8))
+    d = judge(rec, Context(device="cuda", usable_cores=16, world_size=8))
     assert d.bottleneck == "communication-bound"
     assert d.findings[0].share == pytest.approx(0.3)
     text = " ".join(d.fix)
@@ -106,7 +100,7 @@ def test_communication_bound():
 
 def test_host_bound_low_duty_cycle():
     rec = gpu_record(steps(30, wait=0.02), samples(60, util_pct=30.0))
-    d = diagnose(rec, Context(device="cuda", usable_cores=16, kernels_per_step=60000))
+    d = judge(rec, Context(device="cuda", usable_cores=16, kernels_per_step=60000))
     assert d.bottleneck == "host-bound"
     assert d.findings[0].share == pytest.approx(0.7)
     assert any("torch.compile" in f for f in d.fix) and any("reduce-overhead" in f for f in d.fix)
@@ -116,7 +110,7 @@ def test_host_bound_low_duty_cycle():
 def test_host_bound_busy_low_sm_use():
     # KempnerPulse class 10: NVML says 95 % busy, GPM says 15 % of the SMs
     rec = gpu_record(steps(30), samples(60, util_pct=95.0, sm_active_pct=15.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "host-bound"
     assert d.findings[0].share == pytest.approx(1 - 15 / 95, abs=1e-3)
     assert "busy, low SM use" in d.summary
@@ -124,7 +118,7 @@ def test_host_bound_busy_low_sm_use():
 
 def test_host_bound_needs_a_gpu():
     # a CPU loop has no duty cycle to be low: never host-bound
-    d = diagnose(Record(steps=steps(30, wait=0.02)), Context(device="cpu"))
+    d = judge(Record(steps=steps(30, wait=0.02)), Context(device="cpu"))
     assert d.bottleneck == "healthy"
 
 
@@ -132,7 +126,7 @@ def test_throttled_power_cap():
     # someone lowered the limit to 450 W on a 700 W board: the clocks fall, and restoring the default gives them back
     rec = gpu_record(sample_events=samples(60, clock_reasons=("sw_power_cap",), sm_clock_mhz=1500.0,
                                            power_w=449.0, power_limit_w=450.0, power_default_limit_w=700.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "throttled"
     assert d.findings[0].share == pytest.approx(1 - 1500 / 1980, abs=1e-3)
     assert "power cap" in d.summary and "nvidia-smi -pl 700" in d.fix[0]
@@ -143,13 +137,13 @@ def test_a_power_cap_at_the_boards_default_limit_is_its_design_point_not_throttl
     for default in (700.0, None):
         rec = gpu_record(sample_events=samples(60, clock_reasons=("sw_power_cap",), sm_clock_mhz=1600.0,
                                                power_w=699.0, power_limit_w=700.0, power_default_limit_w=default))
-        assert "throttled" not in names(diagnose(rec, CUDA))
+        assert "throttled" not in names(judge(rec, CUDA))
 
 
 def test_throttled_thermal_nvml_names():
     rec = gpu_record(sample_events=samples(60, clock_reasons=("HwThermalSlowdown", "SwThermalSlowdown"),
                                            sm_clock_mhz=1200.0, temperature_c=92.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "throttled"
     assert d.evidence["reasons"] == {"thermal": d.evidence["busy_samples"]} == {"thermal": 54}  # after t=3 s
     assert "cooling" in d.fix[0]
@@ -158,7 +152,7 @@ def test_throttled_thermal_nvml_names():
 def test_fragmentation_gap():
     alloc = AllocatorSample(allocated_bytes=20 * GiB, reserved_bytes=40 * GiB, peak_allocated_bytes=24 * GiB,
                             inactive_split_bytes=10 * GiB)
-    d = diagnose(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA)
+    d = judge(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA)
     assert d.bottleneck == "fragmentation"
     assert d.findings[0].share is None
     assert d.fix[0].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
@@ -169,7 +163,7 @@ def test_fragmentation_retries_rising():
     def alloc(i):
         return AllocatorSample(allocated_bytes=50 * GiB, reserved_bytes=52 * GiB, peak_allocated_bytes=51 * GiB,
                                alloc_retries=i // 10)
-    d = diagnose(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA)
+    d = judge(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA)
     assert d.bottleneck == "fragmentation"
     assert d.evidence["alloc_retries_rise"] >= 1
 
@@ -179,7 +173,7 @@ def test_memory_full_oom_uses_the_plans_remedies():
                    allocator=AllocatorSample(allocated_bytes=130 * GiB, reserved_bytes=139 * GiB))
     ctx = Context(device="cuda", memory_total_bytes=141 * GiB,
                   remedies=("--checkpointing full", "--micro-batch 4 --accumulate 2"))
-    d = diagnose(gpu_record(steps(11), ooms=(oom,)), ctx)
+    d = judge(gpu_record(steps(11), ooms=(oom,)), ctx)
     assert d.bottleneck == "memory-full"
     assert d.fix == ("--checkpointing full", "--micro-batch 4 --accumulate 2")
     assert d.evidence["oom_step"] == 12 and "step 12" in d.summary
@@ -190,14 +184,14 @@ def test_oom_with_a_fragmented_pool_leads_with_expandable_segments():
                                                                           reserved_bytes=138 * GiB))
     small = OomEvent(step=5, t=5.0, message="oom", allocator=AllocatorSample(allocated_bytes=130 * GiB,
                                                                             reserved_bytes=138 * GiB))
-    assert diagnose(gpu_record(steps(4), ooms=(big,)), CUDA).fix[0].startswith(
+    assert judge(gpu_record(steps(4), ooms=(big,)), CUDA).fix[0].startswith(
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: at the OOM 48 GiB")
-    assert diagnose(gpu_record(steps(4), ooms=(small,)), CUDA).fix[0].startswith("activation checkpointing")
+    assert judge(gpu_record(steps(4), ooms=(small,)), CUDA).fix[0].startswith("activation checkpointing")
 
 
 def test_memory_full_near_the_limit_generic_fix():
     rec = gpu_record(steps(30, peak_memory_bytes=int(0.97 * 141 * GiB)))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "memory-full"
     assert any("checkpointing" in f for f in d.fix) and any("bf16" in f for f in d.fix)
 
@@ -209,7 +203,7 @@ def roofline_ctx(**kw) -> Context:
 
 def test_memory_bound_roofline():
     rec = gpu_record(steps(30, seconds=0.01, flops=1e12), samples(60, dt=0.005))
-    d = diagnose(rec, roofline_ctx(planned_bytes_per_step=2e10))  # 50 FLOP/byte < ridge
+    d = judge(rec, roofline_ctx(planned_bytes_per_step=2e10))  # 50 FLOP/byte < ridge
     assert d.bottleneck == "memory-bound"
     ev = d.evidence
     assert ev["achieved_gbps"] == pytest.approx(2000.0)
@@ -221,21 +215,21 @@ def test_memory_bound_roofline():
 
 def test_compute_bound_roofline():
     rec = gpu_record(steps(30, seconds=0.01, flops=5e12), samples(60, dt=0.005))
-    d = diagnose(rec, roofline_ctx(planned_bytes_per_step=5e9))  # 1000 FLOP/byte > ridge
+    d = judge(rec, roofline_ctx(planned_bytes_per_step=5e9))  # 1000 FLOP/byte > ridge
     assert d.bottleneck == "compute-bound"
     assert d.evidence["mfu"] == pytest.approx(500 / 989, abs=1e-4)
     assert d.fix[0].startswith("nothing wrong in the loop") and any("fp8" in f for f in d.fix)
 
 
 def test_roofline_from_gpm():
-    mem = diagnose(gpu_record(sample_events=samples(60, dram_active_pct=75.0, sm_active_pct=40.0)), CUDA)
+    mem = judge(gpu_record(sample_events=samples(60, dram_active_pct=75.0, sm_active_pct=40.0)), CUDA)
     assert mem.bottleneck == "memory-bound"
-    comp = diagnose(gpu_record(sample_events=samples(60, sm_active_pct=90.0, tensor_active_pct=70.0)), CUDA)
+    comp = judge(gpu_record(sample_events=samples(60, sm_active_pct=90.0, tensor_active_pct=70.0)), CUDA)
     assert comp.bottleneck == "compute-bound"
 
 
 def test_healthy_cpu_loop_checks_are_evidence():
-    d = diagnose(Record(steps=steps(30, seconds=0.1, wait=0.005)), Context(device="cpu"))
+    d = judge(Record(steps=steps(30, seconds=0.1, wait=0.005)), Context(device="cpu"))
     assert d.bottleneck == "healthy" and d.findings == ()
     assert d.evidence["data_wait_threshold"] == INPUT_WAIT_SHARE
     assert d.evidence["steps_judged"] == d.steps == 27  # 30 less a 3-step (10 %) warm-up
@@ -247,14 +241,14 @@ def test_healthy_cpu_loop_checks_are_evidence():
 @pytest.mark.parametrize("share", [0.18, 0.20, 0.27])
 def test_healthy_cpu_loop_data_wait_is_not_input_bound(share):
     # §B6: a no-sleep 0-worker CPU loop measured 0.18-0.27 data-wait share
-    d = diagnose(Record(steps=steps(40, seconds=0.1, wait=0.1 * share)), Context(device="cpu", usable_cores=2))
+    d = judge(Record(steps=steps(40, seconds=0.1, wait=0.1 * share)), Context(device="cpu", usable_cores=2))
     assert d.bottleneck == "healthy"
 
 
 def test_one_slow_step_is_not_input_bound():
     events = list(steps(30, seconds=0.1, wait=0.01))
     events[15] = StepEvent(step=16, t=events[15].t, seconds=5.0, data_wait_s=4.9)
-    d = diagnose(Record(steps=tuple(events)), Context(device="cpu"))
+    d = judge(Record(steps=tuple(events)), Context(device="cpu"))
     assert d.bottleneck == "healthy"
 
 
@@ -262,7 +256,7 @@ def test_warmup_steps_are_skipped():
     events = (StepEvent(step=1, t=30.0, seconds=30.0, data_wait_s=29.0),
               StepEvent(step=2, t=32.0, seconds=2.0, data_wait_s=1.5),
               *(StepEvent(step=i, t=32.0 + 0.1 * (i - 2), seconds=0.1, data_wait_s=0.01) for i in range(3, 11)))
-    d = diagnose(Record(steps=events), Context(device="cpu"))
+    d = judge(Record(steps=events), Context(device="cpu"))
     assert d.bottleneck == "healthy" and d.evidence["warmup_steps_skipped"] == 2 and d.steps == 8
 
 
@@ -270,51 +264,51 @@ def test_a_late_input_bound_phase_fires_by_windows():
     # 20 healthy steps then 40 waiting ones: 2 of 3 windows hold
     events = (*steps(22, seconds=0.1, wait=0.01),
               *(StepEvent(step=23 + i, t=2.2 + 0.1 * (i + 1), seconds=0.1, data_wait_s=0.07) for i in range(40)))
-    d = diagnose(Record(steps=events), Context(device="cpu"))
+    d = judge(Record(steps=events), Context(device="cpu"))
     assert d.bottleneck == "input-bound" and d.evidence["windows_held"] == "2/3"
 
 
 def test_idle_and_sync_boost_are_not_throttling():
     rec = gpu_record(sample_events=samples(60, clock_reasons=("gpu_idle", "sync_boost",
                                                               "applications_clocks_setting"), sm_clock_mhz=1000.0))
-    assert diagnose(rec, CUDA).bottleneck == "healthy"
+    assert judge(rec, CUDA).bottleneck == "healthy"
 
 
 def test_power_cap_at_max_clock_is_not_throttled():
     rec = gpu_record(sample_events=samples(60, clock_reasons=("sw_power_cap",), sm_clock_mhz=1980.0))
-    assert diagnose(rec, CUDA).bottleneck == "healthy"
+    assert judge(rec, CUDA).bottleneck == "healthy"
 
 
 def test_idle_samples_with_low_clocks_are_not_throttling():
     # between steps the GPU idles at low clocks with a power-cap bit left over: not busy, not judged
     rec = gpu_record(sample_events=samples(60, util_pct=0.0, clock_reasons=("sw_power_cap",), sm_clock_mhz=300.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert "throttled" not in names(d)
 
 
 def test_reserved_slightly_above_allocated_is_not_fragmentation():
     alloc = AllocatorSample(allocated_bytes=int(40 * GiB), reserved_bytes=int(42 * GiB),
                             peak_allocated_bytes=int(41 * GiB), alloc_retries=0)
-    assert diagnose(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA).bottleneck == "healthy"
+    assert judge(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA).bottleneck == "healthy"
 
 
 def test_small_pool_gap_is_not_fragmentation():
     # half of a 200 MiB pool unused: large share, harmless size
     alloc = AllocatorSample(allocated_bytes=100 * 2**20, reserved_bytes=200 * 2**20)
-    assert diagnose(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA).bottleneck == "healthy"
+    assert judge(gpu_record(sample_events=samples(60, allocator=alloc)), CUDA).bottleneck == "healthy"
 
 
 def test_ninety_percent_memory_is_not_memory_full():
     rec = gpu_record(steps(30, peak_memory_bytes=int(0.90 * 141 * GiB)),
                      samples(60, memory_used_bytes=int(0.91 * 141 * GiB)))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "healthy"
     assert d.evidence["peak_memory_share"] == pytest.approx(0.90, abs=1e-3)  # the steps' own peak, not NVML's
 
 
 def test_exposed_comm_below_threshold_is_not_communication_bound():
     rec = gpu_record(steps(30, comm_s=0.5, exposed_comm_s=0.05))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "healthy"
     assert d.evidence["exposed_comm_threshold"] == COMM_EXPOSED_SHARE
 
@@ -325,7 +319,7 @@ def test_exposed_comm_below_threshold_is_not_communication_bound():
 def test_input_bound_expected_effect_by_hand():
     # load 70 ms/batch with 0 workers -> wait 70 ms, compute 30 ms, step 100 ms. 4 usable cores, 1 process:
     # cap = 4 - 1 = 3 workers; needed = ceil(70 / 30) = 3; a batch every 70/3 = 23.3 ms < 30 ms -> step 30 ms.
-    d = diagnose(Record(steps=steps(30, seconds=0.1, wait=0.07)),
+    d = judge(Record(steps=steps(30, seconds=0.1, wait=0.07)),
                  Context(device="cuda", usable_cores=4, loader=Loader(num_workers=0)))
     ev = d.evidence
     assert ev["load_s_per_batch"] == pytest.approx(0.07)
@@ -340,7 +334,7 @@ def test_input_bound_expected_effect_by_hand():
 def test_input_bound_with_workers_already_on():
     # 2 workers, wait 40 ms, compute 30 ms: load = 2 x (40 + 30) = 140 ms; 16 cores -> cap 15; needed ceil(140/30)=5
     # -> a batch every 28 ms, step max(30, 28) = 30 ms
-    d = diagnose(Record(steps=steps(30, seconds=0.07, wait=0.04)),
+    d = judge(Record(steps=steps(30, seconds=0.07, wait=0.04)),
                  Context(device="cuda", usable_cores=16, loader=Loader(num_workers=2)))
     ev = d.evidence
     assert ev["load_s_per_batch"] == pytest.approx(0.14)
@@ -349,7 +343,7 @@ def test_input_bound_with_workers_already_on():
 
 def test_input_bound_capped_by_cores_and_world_size():
     # 4 cores shared by 2 processes: 4 // 2 - 1 = 1 worker each; 1 worker loads a batch in 70 ms > 30 ms compute
-    d = diagnose(Record(steps=steps(30, seconds=0.1, wait=0.07)),
+    d = judge(Record(steps=steps(30, seconds=0.1, wait=0.07)),
                  Context(device="cuda", usable_cores=4, world_size=2))
     ev = d.evidence
     assert ev["workers_cap"] == 1 and ev["num_workers_new"] == 1
@@ -358,7 +352,7 @@ def test_input_bound_capped_by_cores_and_world_size():
 
 
 def test_input_bound_at_the_cap_asks_for_a_faster_dataset():
-    d = diagnose(Record(steps=steps(30, seconds=0.1, wait=0.07)),
+    d = judge(Record(steps=steps(30, seconds=0.1, wait=0.07)),
                  Context(device="cpu", usable_cores=2, loader=Loader(num_workers=1)))
     assert d.bottleneck == "input-bound"
     assert "num_workers_new" not in d.evidence
@@ -370,19 +364,19 @@ def test_input_bound_at_the_cap_asks_for_a_faster_dataset():
 
 def test_primary_is_the_largest_share():
     rec = gpu_record(steps(30, wait=0.5, comm_s=0.3, exposed_comm_s=0.2), samples(60, util_pct=30.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert names(d) == ["input-bound", "communication-bound"]
     rec = gpu_record(steps(30, wait=0.35, comm_s=0.5, exposed_comm_s=0.45), samples(60, util_pct=20.0))
-    assert names(diagnose(rec, CUDA)) == ["communication-bound", "input-bound"]
+    assert names(judge(rec, CUDA)) == ["communication-bound", "input-bound"]
 
 
 def test_oom_comes_first_and_risks_after_time():
     oom = OomEvent(step=40, t=40.0, message="CUDA out of memory")
     alloc = AllocatorSample(allocated_bytes=20 * GiB, reserved_bytes=40 * GiB, peak_allocated_bytes=24 * GiB)
     rec = gpu_record(steps(30, wait=0.6), samples(60, allocator=alloc, util_pct=40.0), ooms=(oom,))
-    assert names(diagnose(rec, CUDA)) == ["memory-full", "input-bound", "fragmentation"]
+    assert names(judge(rec, CUDA)) == ["memory-full", "input-bound", "fragmentation"]
     rec = gpu_record(steps(30, wait=0.6), samples(60, allocator=alloc, util_pct=40.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert names(d) == ["input-bound", "fragmentation"]
     assert render_lines(d)[-1].startswith("also: fragmentation")
 
@@ -390,13 +384,13 @@ def test_oom_comes_first_and_risks_after_time():
 def test_throttled_ranks_by_share_with_input():
     rec = gpu_record(steps(30, wait=0.4), samples(60, util_pct=60.0, clock_reasons=("HwSlowdown",),
                                                   sm_clock_mhz=990.0))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert names(d) == ["throttled", "input-bound"]  # 50 % clock loss > 40 % data wait
 
 
 def test_roofline_is_not_said_when_a_loss_fires():
     rec = gpu_record(steps(30, seconds=0.01, wait=0.005, flops=1e12), samples(60, dt=0.005, util_pct=50.0))
-    d = diagnose(rec, roofline_ctx(planned_bytes_per_step=2e10))
+    d = judge(rec, roofline_ctx(planned_bytes_per_step=2e10))
     assert names(d) == ["input-bound"]
 
 
@@ -406,7 +400,7 @@ def test_roofline_is_not_said_when_a_loss_fires():
 def test_watch_gpu_waits_on_the_python_process():
     host = HostSample(cpu_pct=(100.0, 5.0, 3.0, 2.0), process_cpu_pct=99.0, workers=0, workers_cpu_pct=0.0)
     rec = Record(samples=samples(60, util_pct=25.0, host=host), device_kind="cuda")
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "host-bound" and d.steps == 0
     assert "input-bound or host-bound" in d.evidence["reading"]
     assert d.evidence["step_timings"] == "not available"
@@ -415,21 +409,21 @@ def test_watch_gpu_waits_on_the_python_process():
 
 def test_watch_busy_workers_are_input_bound():
     host = HostSample(process_cpu_pct=30.0, workers=4, workers_cpu_pct=390.0)
-    d = diagnose(Record(samples=samples(60, util_pct=20.0, host=host), device_kind="cuda"), CUDA)
+    d = judge(Record(samples=samples(60, util_pct=20.0, host=host), device_kind="cuda"), CUDA)
     assert d.bottleneck == "input-bound" and "workers" in d.summary
 
 
 def test_watch_io_wait_is_input_bound_on_cpu():
     host = HostSample(cpu_pct=(10.0, 10.0), process_cpu_pct=10.0, iowait_pct=70.0)
     rec = Record(samples=tuple(Sample(t=float(i), host=host) for i in range(30)))
-    d = diagnose(rec, Context(device="cpu", usable_cores=2))
+    d = judge(rec, Context(device="cpu", usable_cores=2))
     assert d.bottleneck == "input-bound" and "I/O wait" in d.summary
     assert "host side only" in d.note
 
 
 def test_watch_busy_gpu_is_healthy_and_says_what_to_add():
     host = HostSample(process_cpu_pct=99.0)
-    d = diagnose(Record(samples=samples(60, host=host), device_kind="cuda"), CUDA)
+    d = judge(Record(samples=samples(60, host=host), device_kind="cuda"), CUDA)
     assert d.bottleneck == "healthy" and "gpuwise.Monitor" in d.fix[0]
 
 
@@ -438,30 +432,30 @@ def test_watch_startup_idle_is_warmup():
     host = HostSample(process_cpu_pct=100.0)
     idle = tuple(Sample(t=float(i), devices=(device(util_pct=0.0),), host=host) for i in range(20))
     busy = tuple(Sample(t=20.0 + i, devices=(device(),), host=host) for i in range(40))
-    d = diagnose(Record(samples=idle + busy, device_kind="cuda"), CUDA)
+    d = judge(Record(samples=idle + busy, device_kind="cuda"), CUDA)
     assert d.bottleneck == "healthy" and d.evidence["samples_judged"] == 40
 
 
 def test_watch_idle_gpu_idle_host_is_not_blamed_on_the_host():
     host = HostSample(process_cpu_pct=5.0)
     rec = Record(samples=samples(60, util_pct=15.0, host=host), device_kind="cuda")
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert d.bottleneck == "healthy" and "neither the Python process" in d.evidence["reading"]
 
 
 def test_empty_record():
-    d = diagnose(Record())
+    d = judge(Record())
     assert d.bottleneck == "healthy" and d.note == "nothing recorded" and d.steps == 0
     assert render_lines(d)[0] == "bottleneck: healthy (nothing recorded)"
 
 
 def test_few_steps_are_not_judged():
-    d = diagnose(Record(steps=steps(2, seconds=0.1, wait=0.09)), Context(device="cpu"))
+    d = judge(Record(steps=steps(2, seconds=0.1, wait=0.09)), Context(device="cpu"))
     assert d.bottleneck == "healthy" and "too few" in d.note
 
 
 def test_record_note_is_kept():
-    d = diagnose(Record(steps=steps(10, seconds=0.1), note="no NVIDIA GPU: watching the CPU side"))
+    d = judge(Record(steps=steps(10, seconds=0.1), note="no NVIDIA GPU: watching the CPU side"))
     assert d.note.startswith("no NVIDIA GPU: watching the CPU side; ")
 
 
@@ -471,16 +465,16 @@ def test_record_note_is_kept():
 def test_observed_vs_planned():
     rec = gpu_record(steps(30, seconds=1.2, peak_memory_bytes=60 * GiB))
     ctx = Context(device="cuda", usable_cores=16, planned_step_s=1.0, planned_peak_bytes=50 * GiB)
-    ovp = diagnose(rec, ctx).observed_vs_planned
+    ovp = judge(rec, ctx).observed_vs_planned
     assert ovp["step_s"] == {"observed": 1.2, "planned": 1.0, "ratio": 1.2}
     assert ovp["peak_bytes"]["observed"] == 60 * GiB and ovp["peak_bytes"]["ratio"] == 1.2
-    lines = render_lines(diagnose(rec, ctx))
+    lines = render_lines(judge(rec, ctx))
     assert any(line.startswith("step: 1200 ms observed vs 1000 ms planned (1.20×)") for line in lines)
     assert any(line.startswith("peak memory: 60 GiB observed vs 50 GiB planned") for line in lines)
 
 
 def test_render_lines_input_bound():
-    d = diagnose(Record(steps=steps(30, seconds=0.1, wait=0.071)), Context(device="cpu", usable_cores=4))
+    d = judge(Record(steps=steps(30, seconds=0.1, wait=0.071)), Context(device="cpu", usable_cores=4))
     lines = render_lines(d)
     assert lines[0] == "bottleneck: input-bound (data wait 71% of each step)"
     assert lines[1].startswith("fix: DataLoader(..., num_workers=3")
@@ -504,7 +498,7 @@ ALL_RECORDS = {
 @pytest.mark.parametrize("key", ALL_RECORDS)
 def test_diagnosis_json_round_trips(key):
     rec, ctx = ALL_RECORDS[key]
-    d = diagnose(rec, ctx)
+    d = judge(rec, ctx)
     out = diagnosis_json(d)
     assert json.loads(json.dumps(out, allow_nan=False)) == out
     assert out["bottleneck"] in BOTTLENECKS and isinstance(out["fix"], list)
@@ -517,20 +511,20 @@ def test_diagnosis_json_round_trips(key):
 def test_a_wait_the_gpu_ran_queued_work_through_is_not_input_bound():
     # a user's loop that never synchronises: next() is timed while the GPU still runs the previous step (review)
     rec = gpu_record(steps(30, wait=0.35), samples(60, util_pct=98.0))
-    assert "input-bound" not in names(diagnose(rec, CUDA))
+    assert "input-bound" not in names(judge(rec, CUDA))
     rec = gpu_record(steps(30, wait=0.35), samples(60, util_pct=55.0))
-    assert diagnose(rec, CUDA).bottleneck == "input-bound"
+    assert judge(rec, CUDA).bottleneck == "input-bound"
 
 
 def test_the_steps_peak_keeps_a_pool_sized_for_them_from_looking_fragmented():
     # the trainer resets the allocator's peak each step: a sample in the data wait sees only weights and states
     alloc = AllocatorSample(allocated_bytes=11 * GiB, reserved_bytes=37 * GiB, peak_allocated_bytes=11 * GiB)
     rec = gpu_record(steps(30, peak_memory_bytes=36 * GiB), samples(60, allocator=alloc))
-    assert "fragmentation" not in names(diagnose(rec, CUDA))
+    assert "fragmentation" not in names(judge(rec, CUDA))
 
 
 def test_memory_full_by_other_processes_is_not_ours_to_fix():
     rec = gpu_record(steps(30, peak_memory_bytes=10 * GiB),
                      samples(60, memory_used_bytes=138 * GiB, process_memory_bytes=11 * GiB))
-    d = diagnose(rec, CUDA)
+    d = judge(rec, CUDA)
     assert "memory-full" not in names(d)

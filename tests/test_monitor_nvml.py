@@ -391,9 +391,17 @@ AFFECTS = {
 }
 
 
-def test_affects_covers_every_per_device_function_of_the_fake():
+def test_a_read_and_close_call_exactly_the_functions_in_affects():
+    """Every NVML function the reader calls is in AFFECTS (so the failure tests below cover it), and every one in
+    AFFECTS is called, but the older names that stand in only where the newer ones are missing."""
+    fake = FakeNvml()
+    reader = NvmlReader(nvml=fake)
+    reader.read({4242})
+    reader.read({4242})
+    reader.close()
     lifecycle = {"nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"}
-    assert set(AFFECTS) == set(FakeNvml.api_names()) - lifecycle
+    fallbacks = {"nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTemperature"}
+    assert set(fake.calls) == (set(AFFECTS) - fallbacks) | lifecycle
 
 
 @pytest.mark.parametrize("code", [NOT_SUPPORTED, NO_PERMISSION, GPU_IS_LOST])
@@ -540,10 +548,18 @@ def test_nvlink_summed_per_link_where_the_aggregate_scope_is_rejected():
     assert fake.calls["nvmlDeviceGetFieldValues"] == 3
 
 
-def test_the_fake_reads_link_zero_for_a_bare_field_id_like_nvml():
-    fake = FakeNvml()
-    (tx,) = fake.nvmlDeviceGetFieldValues(SimpleNamespace(index=0), [138])
-    assert (tx.scopeId, tx.value.ullVal) == (0, 1_000_000)  # link 0 only: why the reader passes scopes
+def test_nvlink_is_asked_by_scope_never_by_a_bare_field_id():
+    """A bare field id reads link 0 alone (nvml.h): the reader names the scope of every counter it asks for, all
+    links at once (UINT_MAX) first, then each link where the driver rejects that."""
+    asked: list[list] = []
+    for aggregate in (True, False):
+        fake = FakeNvml([h100(nvlink_aggregate=aggregate)])
+        answer = fake.nvmlDeviceGetFieldValues
+        fake.nvmlDeviceGetFieldValues = lambda h, ids, answer=answer: asked.append(list(ids)) or answer(h, ids)
+        NvmlReader(nvml=fake).read()
+    tx, rx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    every_link = [(f, link) for link in range(18) for f in (tx, rx)]
+    assert asked == [[(tx, UINT_MAX), (rx, UINT_MAX)], [(tx, UINT_MAX), (rx, UINT_MAX)], every_link]
 
 
 def test_no_nvlink_is_none_and_not_asked_again():
@@ -705,9 +721,50 @@ def test_open_and_close_idempotent():
     assert other.nvml.shutdowns == 1
 
 
-def test_the_fake_speaks_only_pynvmls_names():
-    for name in FakeNvml.api_names() + [n for n in vars(FakeNvml) if n.startswith(("NVML_", "c_nvml"))]:
-        assert hasattr(pynvml, name), name
-    for name in vars(FakeNvml):
+def test_one_session_shared_by_the_environment_and_the_reader():
+    """doctor's snapshot and the monitor read through one NVML session: one init, one shutdown (by its holder),
+    each device handle opened once."""
+    from gpuwise.environment import _probe_nvml
+    from gpuwise.nvml import NvmlSession
+
+    fake = FakeNvml([h100(), h100(name="NVIDIA H100 PCIe")])
+    fake.nvmlSystemGetDriverVersion = lambda: "580.82.07"
+    fake.nvmlSystemGetCudaDriverVersion_v2 = lambda: 13000
+    fake.nvmlDeviceGetUUID = lambda h: f"GPU-{h.index}"
+    fake.nvmlDeviceGetCudaComputeCapability = lambda h: (9, 0)
+    with NvmlSession.start(fake) as session:
+        found = _probe_nvml(session)
+        reader, why = open_nvml(session=session)
+        assert why is None and [s.name for s in reader.read()] == [d.name for d in found["nvml_devices"]]
+        reader.close()
+        assert (fake.inits, fake.shutdowns) == (1, 0)  # the reader leaves the holder's session open
+        reader.close()
+    assert (fake.inits, fake.shutdowns) == (1, 1) and session.closed
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 2
+
+
+class Recording:
+    """Passes every attribute through to a fake NVML module and notes its name."""
+
+    def __init__(self, module) -> None:
+        self._module, self.names = module, set()
+
+    def __getattr__(self, name: str):
+        self.names.add(name)
+        return getattr(self._module, name)
+
+
+def test_the_reader_asks_only_for_names_pynvml_has():
+    """A misspelt function reads as "not supported" and a misspelt constant falls back to its default, both in
+    silence: every name the reader looks up on the module (functions, constants, structs, the error) is pynvml's,
+    and every constant it uses has pynvml's value."""
+    module = Recording(FakeNvml([h100(nvlink_aggregate=False)]))
+    reader = NvmlReader(nvml=module)
+    for _ in range(2):
+        reader.read({4242})
+    reader.close()
+    missing = {name for name in module.names if not hasattr(pynvml, name)}
+    assert not missing and len(module.names) > 30, missing
+    for name in module.names:
         if name.startswith("NVML_") and name != "NVML_NVLINK_MAX_LINKS":  # 36 in 13.x; 18 links on an H100
-            assert getattr(FakeNvml, name) == getattr(pynvml, name), name
+            assert getattr(module._module, name) == getattr(pynvml, name), name

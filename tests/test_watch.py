@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+import gpuwise.monitor.child as child_module
+import gpuwise.monitor.watch as watch_module
 from gpuwise.cli import main
 from gpuwise.errors import GpuwiseError
-from gpuwise.monitor import watch as watch_module
 from gpuwise.monitor.samples import DeviceSample, HostSample, Sample, StepEvent, read_log
 from gpuwise.monitor.watch import Tick, WatchStart, device_summary, watch
 from gpuwise.render.watch import WatchPanel, status_lines, watch_json
@@ -170,7 +171,7 @@ def test_pid_ends_when_the_process_is_a_zombie_its_parent_has_not_reaped():
 
 
 def test_ctrl_c_reaches_the_command_and_what_was_recorded_is_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: None)  # no terminal sent it to the command: forward
+    monkeypatch.setattr(child_module, "_tty_pgrp", lambda: None)  # no terminal sent it to the command: forward
     # a process started in the background (cmd &) ignores SIGINT, and so would the command it starts
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     log = tmp_path / "run.jsonl"
@@ -187,10 +188,10 @@ def test_ctrl_c_reaches_the_command_and_what_was_recorded_is_kept(tmp_path, monk
 def test_a_terminal_ctrl_c_is_not_sent_twice(monkeypatch):
     child = subprocess.Popen(["sleep", "5"])
     try:
-        monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: os.getpgrp())
-        assert watch_module._Signals._terminal_sent_it(child.pid)  # same group, the terminal's: it got it already
-        monkeypatch.setattr(watch_module, "_tty_pgrp", lambda: None)
-        assert not watch_module._Signals._terminal_sent_it(child.pid)
+        monkeypatch.setattr(child_module, "_tty_pgrp", lambda: os.getpgrp())
+        assert child_module.Signals._terminal_sent_it(child.pid)  # same group, the terminal's: it got it already
+        monkeypatch.setattr(child_module, "_tty_pgrp", lambda: None)
+        assert not child_module.Signals._terminal_sent_it(child.pid)
     finally:
         child.kill()
         child.wait()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuwise.environment import Environment, NvmlDevice, TorchDevice
+from gpuwise.environment import Environment, NvmlDevice, TorchDevice, suggested_workers
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.hardware.detect import bf16_capable, describe_local
 from gpuwise.hardware.device import resolve_device
@@ -539,10 +539,7 @@ def check_attention_kernels(env: Environment) -> Finding | None:
 def recommended_workers(env: Environment) -> int:
     """DataLoader workers per process: the cores each GPU gets, less one for the training loop,
     capped at 8; on a CPU-only machine a quarter of the cores (the rest run the model)."""
-    cores = env.cpu.usable_cores
-    if env.gpus:
-        return max(1, min(8, cores // len(env.gpus) - 1))
-    return min(4, cores // 4)
+    return suggested_workers(env.cpu.usable_cores, len(env.gpus))
 
 
 def check_dataloader(env: Environment) -> Finding:

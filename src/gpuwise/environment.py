@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuwise.errors import first_line
+from gpuwise.nvml import NvmlSession
+from gpuwise.nvml import text as nvml_text
 
 # Environment variables that change what the stack does; the snapshot keeps only these.
 RELEVANT_VARIABLES = (
@@ -104,6 +106,33 @@ class CpuInfo:
     usable_cores: int  # this process's affinity: what a container or taskset allows
     memory_total_bytes: int
     memory_available_bytes: int
+
+
+# DataLoader workers: the one rule that doctor's advice, the monitor's input-bound fix and train's default share.
+MAX_WORKERS_PER_GPU = 8  # past 8 a GPU's loader rarely gains and each worker holds a copy of the dataset object
+MAX_WORKERS_CPU = 4  # a CPU run computes on the cores too: a quarter of them load, at most 4
+
+
+def workers_cap(usable_cores: int, processes: int = 1) -> int:
+    """The most DataLoader workers each of ``processes`` training processes should start: its share of the usable
+    cores, less one core kept for the training loop itself.
+
+    >>> workers_cap(16, 4)
+    3
+    """
+    return max(0, usable_cores // max(1, processes) - 1)
+
+
+def suggested_workers(usable_cores: int, gpus: int) -> int:
+    """``num_workers`` to start with: on GPUs the cap of each GPU's process (at least 1, at most 8); on a CPU-only
+    machine a quarter of the cores, at most 4 (the rest run the model).
+
+    >>> suggested_workers(16, gpus=1), suggested_workers(16, gpus=0)
+    (8, 4)
+    """
+    if gpus:
+        return max(1, min(MAX_WORKERS_PER_GPU, workers_cap(usable_cores, gpus)))
+    return min(MAX_WORKERS_CPU, usable_cores // 4)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,10 +238,6 @@ def _triton_pin() -> str | None:
     return None
 
 
-def _nvml_text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _try(call, default=None):
     """One NVML query; a field the device or driver does not support is ``default``, not a crash."""
     try:
@@ -221,8 +246,8 @@ def _try(call, default=None):
         return default
 
 
-def _nvml_device(pynvml, index: int) -> NvmlDevice:
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+def _nvml_device(session: NvmlSession, index: int) -> NvmlDevice:
+    pynvml, handle = session.nvml, session.handle(index)
     memory = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle))  # NotSupported on unified-memory parts
     cc = _try(lambda: tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)))
     processes = []
@@ -232,8 +257,8 @@ def _nvml_device(pynvml, index: int) -> NvmlDevice:
                                         used_memory_bytes=getattr(proc, "usedGpuMemory", None)))
     return NvmlDevice(
         index=index,
-        name=_nvml_text(_try(lambda: pynvml.nvmlDeviceGetName(handle), "unknown NVIDIA GPU")),
-        uuid=_nvml_text(_try(lambda: pynvml.nvmlDeviceGetUUID(handle), f"unknown-{index}")),
+        name=nvml_text(_try(lambda: pynvml.nvmlDeviceGetName(handle), "unknown NVIDIA GPU")),
+        uuid=nvml_text(_try(lambda: pynvml.nvmlDeviceGetUUID(handle), f"unknown-{index}")),
         total_memory_bytes=int(memory.total) if memory else None,
         free_memory_bytes=int(memory.free) if memory else None,
         compute_capability=cc,  # type: ignore[arg-type]
@@ -241,34 +266,34 @@ def _nvml_device(pynvml, index: int) -> NvmlDevice:
     )
 
 
-def _probe_nvml() -> dict:
-    """Driver version, the newest CUDA it supports, and every GPU with its processes, via NVML."""
-    try:
-        import pynvml
-    except Exception as exc:
-        return {"nvml_error": first_line(exc)}
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # no driver: NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return {"nvml_error": first_line(exc)}
+def _probe_nvml(session: NvmlSession | None = None) -> dict:
+    """Driver version, the newest CUDA it supports, and every GPU with its processes, via NVML. ``session``: one
+    the caller holds (left open); without one, a session is started here and closed."""
+    own = session is None
+    if session is None:
+        try:
+            session = NvmlSession.start()
+        except Exception as exc:  # no nvidia-ml-py; no driver: NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            return {"nvml_error": first_line(exc)}
+    pynvml = session.nvml
     found: dict = {}
     try:
         if (driver := _try(pynvml.nvmlSystemGetDriverVersion)) is not None:
-            found["driver_version"] = _nvml_text(driver)
+            found["driver_version"] = nvml_text(driver)
         if (cuda := _try(pynvml.nvmlSystemGetCudaDriverVersion_v2)) is not None:
             found["driver_cuda"] = (cuda // 1000, (cuda % 1000) // 10)  # 1000 * major + 10 * minor
         devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
+        for i in range(session.count()):
             try:
-                devices.append(_nvml_device(pynvml, i))
+                devices.append(_nvml_device(session, i))
             except Exception as exc:  # a lost or fallen-off GPU: note it, keep the others
                 found["nvml_error"] = f"GPU {i}: {first_line(exc)}"
         found["nvml_devices"] = tuple(devices)
     except Exception as exc:
         found["nvml_error"] = first_line(exc)
     finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+        if own:
+            session.close()
     return found
 
 
@@ -366,8 +391,9 @@ def _probe_cpu(os_name: str) -> CpuInfo:
     )
 
 
-def gather_environment(environ: Mapping[str, str]) -> Environment:
-    """Read the whole stack once: Python, CPU, torch and its devices, the driver (NVML), Triton.
+def gather_environment(environ: Mapping[str, str], *, nvml: NvmlSession | None = None) -> Environment:
+    """Read the whole stack once: Python, CPU, torch and its devices, the driver (NVML), Triton. ``nvml``: an
+    NVML session the caller holds and shares (the monitor's); without one, one is started and closed here.
 
     >>> env = gather_environment(os.environ)
     >>> env.torch.version  # doctest: +SKIP
@@ -375,7 +401,7 @@ def gather_environment(environ: Mapping[str, str]) -> Environment:
     """
     os_name = platform.system()
     torch_info, torch_error = _probe_torch()
-    nvml = _probe_nvml()
+    found_nvml = _probe_nvml(nvml)
     has_cuda_gpu = bool(torch_info and torch_info.cuda and torch_info.devices)
     shm = None
     with contextlib.suppress(OSError):
@@ -387,7 +413,7 @@ def gather_environment(environ: Mapping[str, str]) -> Environment:
         cpu=_probe_cpu(os_name),
         torch=torch_info,
         torch_error=torch_error,
-        **nvml,
+        **found_nvml,
         **_probe_triton(import_it=has_cuda_gpu),
         shm_bytes=shm,
         in_container=os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),

@@ -7,8 +7,10 @@ slowdown temperature) are read once. Rates that NVML only has as counters (NVLin
 activity, occupancy, tensor and DRAM activity, Hopper and newer) are taken over the interval since the previous read,
 so the first read has them as ``None``. Units: bytes, bytes/s, W, J, MHz, degrees C, percent.
 
-The nvml module is injectable (``nvml=``): tests pass a fake with the same function names, constants and
-``NVMLError`` (tests/test_monitor_nvml.py), so none of this needs a GPU to be checked.
+NVML itself (init, shutdown, device handles) is ``gpuwise.nvml.NvmlSession``'s: a reader starts its own session,
+or reads through one the caller holds (``session=``) and leaves it open. The nvml module is injectable (``nvml=``):
+tests pass a fake with the same function names, constants and ``NVMLError`` (tests/test_monitor_nvml.py), so none
+of this needs a GPU to be checked.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 
 from gpuwise.errors import first_line
 from gpuwise.monitor.samples import DeviceSample
+from gpuwise.nvml import NvmlSession
+from gpuwise.nvml import text as nvml_text
 
 try:  # only for the clock-event mask constants; the reader itself takes the module it is given
     import pynvml as _pynvml
@@ -121,27 +125,27 @@ class NoSuchGpu(LookupError):
 class NvmlReader:
     """Reads every ``DeviceSample`` field of the chosen GPUs (all by default), once per ``read``.
 
-    ``nvml`` is the pynvml module (imported when None) or a stand-in with its names; ``indices`` are NVML indices
-    (PCI bus order, which is not CUDA's order unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); ``clock`` times the
-    counter rates. Raises what the module raises when NVML cannot start; ``open_nvml`` turns that into a reason.
+    ``nvml`` is the pynvml module (imported when None) or a stand-in with its names; ``session``: an NVML session
+    the caller holds (then ``nvml`` is its module, and ``close`` leaves it open); ``indices`` are NVML indices (PCI
+    bus order, which is not CUDA's order unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); ``clock`` times the counter
+    rates. Raises what the module raises when NVML cannot start; ``open_nvml`` turns that into a reason.
     """
 
     def __init__(self, indices: Sequence[int] | None = None, *, nvml: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if nvml is None:
-            import pynvml as nvml
-        self.nvml = nvml
+                 clock: Callable[[], float] = time.monotonic, session: NvmlSession | None = None) -> None:
+        self._own_session = session is None
+        self.session = NvmlSession.start(nvml) if session is None else session
+        self.nvml = self.session.nvml
         self._clock = clock
-        self._error: type[BaseException] = getattr(nvml, "NVMLError", Exception)
+        self._error: type[BaseException] = self.session.error
         self._closed = False
-        nvml.nvmlInit()
         try:
-            wanted = list(range(nvml.nvmlDeviceGetCount())) if indices is None else list(indices)
+            wanted = list(range(self.session.count())) if indices is None else list(indices)
             self._devices: list[_Device] = []
             self.skipped: dict[int, str] = {}  # GPUs NVML counts but cannot open (lost, fallen off the bus)
             for i in wanted:
                 try:
-                    self._devices.append(_Device(i, nvml.nvmlDeviceGetHandleByIndex(i)))
+                    self._devices.append(_Device(i, self.session.handle(i)))
                 except Exception as exc:
                     if indices is not None:  # asked for by name: not there is an error
                         raise NoSuchGpu(f"NVML has no GPU {i} ({first_line(exc)})") from exc
@@ -229,7 +233,7 @@ class NvmlReader:
         nvlink_tx, nvlink_rx = self._nvlink(dev)
         return DeviceSample(
             index=dev.index,
-            name=None if name is None else name.decode() if isinstance(name, bytes) else str(name),
+            name=None if name is None else nvml_text(name),
             util_pct=None if util is None else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             memory_used_bytes=None if memory is None else int(memory.used),
@@ -359,11 +363,12 @@ class NvmlReader:
         dev.gpm_samples = []
 
     def _shutdown(self) -> None:
-        with contextlib.suppress(Exception):
-            self.nvml.nvmlShutdown()
+        if self._own_session:
+            self.session.close()
 
     def close(self) -> None:
-        """Frees the GPM samples and shuts NVML down (NVML counts inits); a second call does nothing."""
+        """Frees the GPM samples and ends the reader's own NVML session (NVML counts inits; a session the caller
+        handed in stays open); a second call does nothing."""
         if self._closed:
             return
         self._closed = True
@@ -382,17 +387,18 @@ def _scaled(value: Any, factor: float) -> float | None:
     return None if value is None else float(value) * factor
 
 
-def open_nvml(indices: Sequence[int] | None = None, nvml: Any = None, *,
-              clock: Callable[[], float] = time.monotonic) -> tuple[NvmlReader | None, str | None]:
+def open_nvml(indices: Sequence[int] | None = None, nvml: Any = None, *, clock: Callable[[], float] = time.monotonic,
+              session: NvmlSession | None = None) -> tuple[NvmlReader | None, str | None]:
     """``(reader, None)``, or ``(None, why)`` in one line when there is no NVML to read: nvidia-ml-py missing, no
-    driver (nvmlInit fails), no GPU, or a requested index NVML does not have. Never raises."""
-    if nvml is None:
+    driver (nvmlInit fails), no GPU, or a requested index NVML does not have. Never raises. ``session``: read
+    through an NVML session the caller holds (``gpuwise.nvml``) instead of starting one."""
+    if nvml is None and session is None:
         try:
             import pynvml as nvml
         except Exception as exc:
             return None, f"nvidia-ml-py is not importable ({first_line(exc)}): pip install nvidia-ml-py"
     try:
-        reader = NvmlReader(indices, nvml=nvml, clock=clock)
+        reader = NvmlReader(indices, nvml=nvml, clock=clock, session=session)
     except NoSuchGpu as exc:
         return None, str(exc)
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...

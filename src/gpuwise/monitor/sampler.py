@@ -28,9 +28,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuwise.monitor.diagnose import Context, Diagnosis, Loader, diagnose
 from gpuwise.monitor.host import HostReader, usable_cores
+from gpuwise.monitor.rules import judge
 from gpuwise.monitor.samples import AllocatorSample, OomEvent, Record, Sample, StepEvent, to_line
+from gpuwise.monitor.verdict import Context, Diagnosis, Loader
 
 EVENTS_ENV = "GPUWISE_WATCH_EVENTS"
 MAX_SAMPLES = 7200  # kept in memory: two hours at 1 Hz (--log keeps them all); older ones are dropped
@@ -349,4 +350,4 @@ class Monitor:
         ctx = context or self.context or base
         if ctx.loader is None and base.loader is not None:
             ctx = replace(ctx, loader=base.loader)
-        return diagnose(self.record(last_steps=last_steps), ctx)
+        return judge(self.record(last_steps=last_steps), ctx)

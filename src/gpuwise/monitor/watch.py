@@ -12,9 +12,9 @@ would alone, writing straight to the terminal. The loop's own timings come from 
 Monitor appends its step and OOM events to, and the watcher reads it as it grows. ``--pid`` attaches to a running
 process instead, and reads its events file too where that process was started with one.
 
-The command's exit code is passed through (a signal N as 128 + N, as shells do). Ctrl-C reaches the command (from the
-terminal, or forwarded where the terminal did not send it); the watcher waits for the command to end and reports what
-it recorded (the log is written line by line, nothing is lost). A third Ctrl-C kills the command.
+The command itself (starting it, passing Ctrl-C on, waiting for it, its exit code) is ``monitor.child``'s; here it is
+sampled until it ends, and what was recorded is judged (the log is written line by line: an interrupted watch loses
+nothing).
 """
 
 from __future__ import annotations
@@ -22,9 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import select
-import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -36,14 +33,15 @@ from typing import IO, Any
 
 import psutil
 
-from gpuwise.errors import GpuwiseError, first_line
-from gpuwise.monitor.diagnose import Context, Diagnosis, diagnose
+from gpuwise.errors import GpuwiseError
+from gpuwise.monitor.child import Signals, Waiter, attach, exit_status, kill, resolve_command, spawn
 from gpuwise.monitor.host import HostReader, usable_cores
+from gpuwise.monitor.rules import judge
 from gpuwise.monitor.sampler import EVENTS_ENV
 from gpuwise.monitor.samples import OomEvent, Record, Sample, StepEvent, from_line, to_line
+from gpuwise.monitor.verdict import Context, Diagnosis
 
 EVENT_POLL_S = 0.1  # how often the events file is read between samples: step times land within 0.1 s of the truth
-KILL_AFTER_INTERRUPTS = 3  # the third Ctrl-C kills the command
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,51 +86,6 @@ class WatchResult:
     @property
     def failed(self) -> bool:
         return self.exit_code not in (None, 0)
-
-
-# -- before the command starts -----------------------------------------------------------------------------------
-
-
-def _resolve(command: Sequence[str]) -> list[str]:
-    """The command with its program found now, so a misspelt one is a one-line error before anything runs."""
-    if not command or not command[0]:
-        raise GpuwiseError("nothing to watch", "pass a command after --: gpuwise watch -- python train.py, "
-                                               "or attach with --pid N")
-    program = command[0]
-    if os.sep in program or (os.altsep and os.altsep in program):
-        path = Path(program)
-        if not path.exists():
-            raise GpuwiseError(f"no such command: {program}", "check the path")
-        if path.is_dir() or not os.access(path, os.X_OK):
-            raise GpuwiseError(f"cannot run {program}: not an executable file",
-                               f"chmod +x {program}, or run it with its interpreter (python {program})")
-        return list(command)
-    if shutil.which(program) is None:
-        raise GpuwiseError(f"no such command: {program}",
-                           f"check the spelling, or that {program} is on PATH (which {program})")
-    return list(command)
-
-
-def _attach(pid: int) -> psutil.Process:
-    if pid <= 0:
-        raise GpuwiseError(f"--pid {pid} is not a process id", "pass the pid of a running process (ps, nvidia-smi)")
-    if pid == os.getpid():
-        raise GpuwiseError("gpuwise watch cannot watch itself", "pass the pid of another process")
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            raise psutil.NoSuchProcess(pid)
-    except psutil.NoSuchProcess:
-        raise GpuwiseError(f"no running process {pid}", "check the pid: ps -p PID, or nvidia-smi for GPU "
-                                                        "processes") from None
-    except psutil.Error as exc:
-        raise GpuwiseError(f"cannot watch process {pid}: {first_line(exc)}", "run as its user") from None
-    return process
-
-
-def _signal_code(returncode: int) -> int:
-    """Popen's ``-N`` (killed by signal N) as a shell's exit status, 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 # -- while it runs -----------------------------------------------------------------------------------------------
@@ -220,105 +173,6 @@ class _Log:
             self._f = None
 
 
-def _tty_pgrp() -> int | None:
-    """The foreground process group of this process's terminal, or None without one."""
-    for fd in (0, 1, 2):
-        with contextlib.suppress(OSError, AttributeError):
-            if os.isatty(fd):
-                return os.tcgetpgrp(fd)
-    return None
-
-
-class _Signals:
-    """SIGINT and SIGTERM while a command runs: counted, forwarded to the command where it would not get them
-    otherwise, never raised in the middle of a sample or a log line.
-
-    A Ctrl-C at the terminal reaches the whole foreground process group, the command included: forwarding it too would
-    hit the command twice (a second KeyboardInterrupt inside its own cleanup). So SIGINT is forwarded only when the
-    command is not in the terminal's foreground group with us (``kill -INT`` to the watcher, no terminal, a command
-    that made its own group); SIGTERM (a scheduler's stop) always is. With ``--pid`` the process is not ours: a
-    signal ends the watch and is not passed on."""
-
-    def __init__(self, child: subprocess.Popen | None) -> None:
-        self.child = child
-        self.count = 0
-        self._saved: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError, OSError):  # not the main thread: signals stay as they were
-                self._saved[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._saved.items():
-            with contextlib.suppress(ValueError, OSError, TypeError):
-                signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        child = self.child
-        if child is None or child.poll() is not None:
-            return
-        with contextlib.suppress(OSError):
-            if self.count >= KILL_AFTER_INTERRUPTS:
-                child.kill()
-            elif signum != signal.SIGINT or not self._terminal_sent_it(child.pid):
-                child.send_signal(signum)
-
-    @staticmethod
-    def _terminal_sent_it(pid: int) -> bool:
-        try:
-            ours = os.getpgrp()
-            return os.getpgid(pid) == ours and _tty_pgrp() == ours
-        except (OSError, AttributeError):  # AttributeError: no process groups (Windows)
-            return False
-
-
-class _Waiter:
-    """``ended(timeout)``: has the watched process ended, waiting at most ``timeout`` for it. A pidfd (Linux >= 5.3)
-    sleeps in the kernel until the process exits, for a child or any other process; elsewhere Popen's and psutil's
-    own waits poll (every 50 ms at most, a few microseconds each). A zombie its parent has not reaped counts as
-    ended."""
-
-    def __init__(self, child: subprocess.Popen | None, target: psutil.Process | None, host: HostReader) -> None:
-        self.child, self.target, self.host = child, target, host
-        self.fd: int | None = None
-        with contextlib.suppress(AttributeError, OSError):
-            self.fd = os.pidfd_open(child.pid if child is not None else target.pid)  # type: ignore[union-attr]
-
-    def __call__(self, timeout: float) -> bool:
-        if self.fd is not None:
-            try:
-                ready, _, _ = select.select([self.fd], [], [], timeout)
-                return bool(ready)
-            except InterruptedError:  # a signal: the caller looks again
-                return False
-            except (OSError, ValueError):
-                self.close()
-        if self.child is not None:
-            try:
-                self.child.wait(timeout=timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
-        if not self.host.alive():
-            return True
-        try:
-            self.target.wait(timeout=timeout)  # type: ignore[union-attr]
-            return True
-        except psutil.TimeoutExpired:
-            return False
-        except psutil.Error:
-            return True
-
-    def close(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-
-
 # -- the watch ---------------------------------------------------------------------------------------------------
 
 
@@ -338,8 +192,8 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
         raise GpuwiseError("give a command or --pid, not both", "gpuwise watch -- CMD ..., or gpuwise watch --pid N")
     if not interval_s > 0:
         raise GpuwiseError(f"the interval must be positive, not {interval_s}", "pass e.g. --interval 1")
-    argv = _resolve(command or ()) if pid is None else None
-    target = _attach(pid) if pid is not None else None
+    argv = resolve_command(command or ()) if pid is None else None
+    target = attach(pid) if pid is not None else None
     out = _Log(log)  # before anything runs: an unwritable log loses nothing
     events_path: Path | None = None
     own_events = False
@@ -362,15 +216,7 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
             child_env[EVENTS_ENV] = str(events_path)
             child_env.setdefault("PYTHONUNBUFFERED", "1")  # a Python child's prints appear as they happen
             t0 = time.perf_counter()
-            try:
-                child = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=child_env, cwd=cwd)
-            except FileNotFoundError:
-                raise GpuwiseError(f"no such command: {argv[0]}", "check the spelling and the path") from None
-            except PermissionError:
-                raise GpuwiseError(f"cannot run {argv[0]}: permission denied",
-                                   "make it executable, or run it with its interpreter") from None
-            except OSError as exc:
-                raise GpuwiseError(f"cannot run {argv[0]}: {exc.strerror or exc}", "check the command") from None
+            child = spawn(argv, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd)
             watched_pid = child.pid
         else:
             child = None
@@ -439,13 +285,11 @@ def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.
             on_start(WatchStart(pid=watched_pid, command=None if argv is None else tuple(argv), gpus=gpus, note=note))
         except BaseException:
             if child is not None:  # nothing left to watch it: do not leave it running alone
-                with contextlib.suppress(OSError):
-                    child.kill()
-                child.wait()
+                kill(child)
             raise
     code: int | None = None
-    ended = _Waiter(child, target, host)
-    with _Signals(child) as signals, contextlib.closing(ended):
+    ended = Waiter(child, target, host)
+    with Signals(child) as signals, contextlib.closing(ended):
         next_sample = time.perf_counter()
         while True:
             now = time.perf_counter()
@@ -463,7 +307,7 @@ def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.
             if not ended(wait):
                 continue
             if child is not None:
-                code = _signal_code(child.wait())
+                code = exit_status(child.wait())
             break
         seconds = time.perf_counter() - t0
         drain()
@@ -478,8 +322,7 @@ def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.
     used = devices_used(record)
     judged = record if not used else _only_devices(record, used)
     # the note was said once when the watch began; the diagnosis keeps to what it found
-    diagnosis = diagnose(dataclasses.replace(judged, note=None),
-                         Context(device=record.device_kind, usable_cores=cores))
+    diagnosis = judge(dataclasses.replace(judged, note=None), Context(device=record.device_kind, usable_cores=cores))
     return WatchResult(command=None if argv is None else tuple(argv), pid=watched_pid, exit_code=code,
                        seconds=seconds, record=record, diagnosis=diagnosis, note=note,
                        interrupted=signals.count > 0, devices_used=used, log=out.path, log_error=out.error)

@@ -79,7 +79,7 @@ def render_train(s: TrainSummary, console: Console) -> None:
     if s.checkpoint_dir:
         rows.append(("checkpoints", s.checkpoint_dir))
     if s.diagnosis is not None:
-        from gpuwise.monitor.diagnose import render_lines
+        from gpuwise.render.diagnosis import render_lines
 
         for line in render_lines(s.diagnosis):
             key, _, text = line.partition(": ")
@@ -113,7 +113,7 @@ def train_json(s: TrainSummary) -> dict:
 
     out = to_jsonable(s)
     if s.diagnosis is not None:
-        from gpuwise.monitor.diagnose import diagnosis_json
+        from gpuwise.render.diagnosis import diagnosis_json
 
         out["diagnosis"] = diagnosis_json(s.diagnosis)
     return out

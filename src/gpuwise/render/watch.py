@@ -240,8 +240,8 @@ def _steps_text(s: dict[str, Any]) -> str:
 
 
 def render_watch(r: WatchResult, console: Console) -> None:
-    from gpuwise.monitor.diagnose import render_lines
     from gpuwise.monitor.watch import device_summary, host_summary, step_summary
+    from gpuwise.render.diagnosis import render_lines
 
     table = Table(box=box.SIMPLE, show_header=False, title="gpuwise watch", title_justify="left")
     table.add_column(style="bold", no_wrap=True)
@@ -268,8 +268,8 @@ def render_watch(r: WatchResult, console: Console) -> None:
 def watch_json(r: WatchResult) -> dict[str, Any]:
     """command, pid, exit_code, seconds, samples, the per-device, host and step summaries, the note, and the
     diagnosis in the monitor's JSON form."""
-    from gpuwise.monitor.diagnose import diagnosis_json
     from gpuwise.monitor.watch import device_summary, host_summary, step_summary
+    from gpuwise.render.diagnosis import diagnosis_json
 
     return {"command": None if r.command is None else list(r.command), "pid": r.pid, "exit_code": r.exit_code,
             "seconds": round(r.seconds, 3), "interrupted": r.interrupted, "samples": len(r.record.samples),

@@ -1,0 +1,97 @@
+"""The monitor's thresholds, each with its source: what the rules in ``monitor.rules`` compare against.
+
+Thresholds are relative to step time (shares) where they can be; the published values are from
+``/work/shared/reference/recommend-watch-anchors.md`` §B4 and the §B6 CPU runs.
+"""
+
+from __future__ import annotations
+
+from gpuwise.units import MiB
+
+# Warm-up: step 1 carries CUDA context creation, cuDNN autotuning, torch.compile, the workers' first batches all at
+# once; step 2 the optimizer's lazy state allocation (peak memory differs); recompiles and new shapes can follow for a
+# few more, hence 10 % of a long run. SageMaker keeps initialisation apart too (MaxInitializationTime).
+WARMUP_MIN_STEPS = 2
+WARMUP_FRACTION = 0.10
+MIN_JUDGED_STEPS = 3  # fewer judged steps than this: step-based classes are not judged (a median of 2 is a guess)
+
+# Windows and patience: SageMaker's rules judge windows with a patience (LowGPUUtilization window=500 samples;
+# CPUBottleneck/IOBottleneck fire when the condition holds "> 50 % of the time"). 20 steps is short enough that a
+# phase change (an epoch with a cold cache) shows as its own window and long enough that its median ignores up to 9
+# slow steps; 30 samples is 30 s at the monitor's 1 Hz.
+WINDOW_STEPS = 20
+WINDOW_SAMPLES = 30
+PATIENCE = 0.5  # SageMaker CPUBottleneck/IOBottleneck threshold=50 (% of the time the condition holds)
+
+# Input-bound: PyTorch TB plugin says DataLoader > 5 % of the step. Deviation: §B6 measured 0.18-0.27 data-wait share
+# on a healthy no-sleep 0-worker CPU loop (collate and tensor creation) and 0.13-0.15 with 4 workers on a 5 ms/sample
+# dataset, while the truly input-bound 0-worker case was 0.69-0.73. 0.30 sits above every healthy figure with margin
+# and far below the input-bound one.
+INPUT_WAIT_SHARE = 0.30
+# How many workers a process may be told to start. Loading that burns CPU (decode, augment) gets the cores less one
+# kept for training (``environment.workers_cap``, the rule doctor and train share). Loading that mostly waits (disk,
+# network, a sleep: the process's CPU time during the wait, or each worker's CPU, under IO_CPU_SHARE of the wall
+# time) gains from more workers than cores, as PyTorch's own DataLoader allows past its "suggested max" warning: up
+# to IO_WORKERS_PER_CORE per usable core.
+IO_CPU_SHARE = 0.5
+IO_WORKERS_PER_CORE = 4
+
+# Communication-bound: the TB plugin's "communication > 10 % of the step" rule, kept: we count only the exposed part
+# (what backward did not hide), which is pure loss, so the published value needs no margin.
+COMM_EXPOSED_SHARE = 0.10
+
+# Host-bound, low duty cycle: TB plugin "GPU util < 50 % => increase batch"; KempnerPulse/NVIDIA DCGM guidance
+# "SM_ACTIVE < 50 % likely indicates ineffective GPU usage". SageMaker LowGPUUtilization uses p95 < 70 %; we take the
+# lower, median-based 50 % because the data wait and exposed comm (which also idle the GPU) are ruled out first.
+HOST_UTIL_PCT = 50.0
+# Host-bound, "busy, low SM use": KempnerPulse class 10, GR >= 40 % and SM < 25 % ("overhead, sync, or small kernels").
+HOST_BUSY_UTIL_PCT = 40.0
+HOST_SM_ACTIVE_PCT = 25.0
+# Per-kernel CPU cost in eager PyTorch: HTA's launch statistics put the CPU launch at 5-20 us (train-monitor-anchors
+# §3); 10 us is the middle, used only as evidence (kernels_per_step x this vs the step time).
+LAUNCH_COST_S = 10e-6
+# Watch without step timings: SageMaker CPUBottleneck (GPU < 10 % while CPU > 90 %); a Python main process pinned at
+# >= 90 % of one core is the GIL-bound version of "CPU > 90 %".
+HOST_PROCESS_CPU_PCT = 90.0
+WORKERS_BUSY_PCT = 90.0  # loader workers each >= 90 % of a core: they are the ones who cannot keep up
+IOWAIT_PCT = 50.0  # SageMaker IOBottleneck(io_threshold=50)
+
+# A GPU is "busy" in a sample at >= 10 % duty cycle: SageMaker's gpu_threshold=10 (below it the GPU counts as idle).
+BUSY_UTIL_PCT = 10.0
+
+# Throttled: a throttling clock-event reason (power cap, thermal, hardware slowdown, power brake) in a busy sample AND
+# the SM clock below 90 % of max (gpustat#135 compares current with max clocks). GPU Boost moves the clock a few bins
+# with temperature and voltage in a healthy run, so a reason with the clock within 10 % of max is not called a loss.
+THROTTLE_CLOCK_RATIO = 0.90
+# A power cap is a loss only when someone lowered the limit: at the board's default limit a busy H100/H200 runs at its
+# power design point (a GEMM at 699 of 700 W holds ~1.6 of 1.98 GHz), which no setting of ours changes. Lowered =
+# the enforced limit under 95% of nvmlDeviceGetPowerManagementDefaultLimit; unknown default: not judged.
+POWER_LOWERED_RATIO = 0.95
+# Input-bound needs the GPU to wait too: a loop that does not synchronise each step (a user's own, under Monitor)
+# times next() while the GPU still runs queued work, so a high duty cycle over the same span vetoes it.
+INPUT_GPU_BUSY_PCT = 90
+
+# Fragmentation: no published share; torch's docs say reserved >> allocated. We call it when a quarter of the pool is
+# reserved above the peak allocation (the caching allocator's rounding to 2 MiB / 20 MiB blocks explains a few %), and
+# the gap is >= 512 MiB (a tiny model's 50 MiB gap is harmless), or when alloc retries rise after the warm-up
+# (torchtitan logs any num_alloc_retries > 0; Composer calls 2 consecutive rises thrashing).
+FRAG_GAP_SHARE = 0.25
+FRAG_MIN_GAP_BYTES = 512 * MiB
+ALLOC_RETRIES_MIN = 1
+
+# Memory-full without an OOM: the TB plugin warns at peak > 90 % of the device. Deviation: 95 %, because a planned run
+# aims near the device (90 % is a fine operating point) and NVML's "used" includes the CUDA context (~0.5 GiB).
+MEMORY_FULL_SHARE = 0.95
+
+# Roofline from GPM alone: KempnerPulse class 6 memory-bound DRAM >= 50 % & SM < 50 %; class 7 compute-heavy SM >= 80 %
+# and class 2 tensor-heavy Tensor >= 50 % & SM >= 60 %.
+GPM_DRAM_HEAVY_PCT = 50.0
+GPM_SM_LOW_PCT = 50.0
+GPM_SM_HEAVY_PCT = 80.0
+GPM_TENSOR_HEAVY_PCT = 50.0
+GPM_TENSOR_SM_PCT = 60.0
+
+PRIMARY_RULE = ("memory-full first when an OOM happened; then the loss class (input-bound, communication-bound, "
+                "host-bound, throttled) with the largest share of step time; then the risks (memory-full near the "
+                "limit, then fragmentation); then the roofline side (memory-bound or compute-bound), which only "
+                "fires when no loss class did")
