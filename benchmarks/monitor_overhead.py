@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-from gpuwise.training.trainer import LIVE_WINDOW
+from gpuwise.training.meter import LIVE_WINDOW
 
 
 def parts(n: int = 200) -> tuple[float, float]:

@@ -20,10 +20,14 @@ from gpuwise.hardware.device import Target, local_machine, resolve_device
 from gpuwise.models import get_model
 from gpuwise.optim import param_groups
 from gpuwise.planning.capture.workload import simulate
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.planner import Planner
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.training.auto import choose
 from gpuwise.training.config import TrainConfig
-from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer, mfu_peak_tflops, model_loss
+from gpuwise.training.loss import model_loss
+from gpuwise.training.meter import mfu_peak_tflops
+from gpuwise.training.runplan import RunPlan
+from gpuwise.training.trainer import OutOfMemory, Runtime, Trainer
 
 
 class RandomTokens:
@@ -87,7 +91,7 @@ def throughput(zoo, seq: int, micro: int, steps: int, compiled: bool, target: Ta
     planned = simulate(ZooSource(zoo=zoo), cfg.to_setup(seq=seq), batch_model=False).flops_per_step
     peak = mfu_peak_tflops(target, cfg.precision)
     result = Trainer(model, opt, RandomTokens(c.vocab_size, seq), cfg, loss_fn=model_loss,
-                     runtime=Runtime(device=target, flops_per_step=planned)).fit()
+                     runtime=Runtime(device=target, plan=RunPlan(flops_per_step=planned))).fit()
     later = sorted(result.logs[steps // 3:], key=lambda log: log.tokens_per_s)  # after warm-up and compile
     mid = later[len(later) // 2]
     step_s = micro * seq / mid.tokens_per_s
@@ -127,7 +131,7 @@ def main() -> None:
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     free = torch.cuda.mem_get_info()[0]
     setup = TrainConfig(batch=args.limit, precision="bf16-mixed").to_setup(seq=args.seq)
-    choice = choose(ZooSource(zoo=zoo), setup, free_bytes=free, gpu=True)
+    choice = choose(Planner(ZooSource(zoo=zoo)), setup, free_bytes=free, gpu=True)
     t0 = time.perf_counter()
     real = largest_fitting(zoo, args.seq, args.limit, target)
     print(f"--auto: the plan fits {choice.fits} sequences in {free / 2**30:.1f} GiB free keeping 10% headroom "

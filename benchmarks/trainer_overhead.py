@@ -18,7 +18,8 @@ from gpuwise.models.gpt import GPT, GPTConfig
 from gpuwise.optim import param_groups
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
-from gpuwise.training.trainer import Trainer, cosine_with_warmup, model_loss
+from gpuwise.training.loss import model_loss
+from gpuwise.training.trainer import Trainer, cosine_with_warmup
 
 STEPS, BATCH, SEQ = 40, 16, 64
 DATA = CharText(seq=SEQ)

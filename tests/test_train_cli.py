@@ -300,7 +300,8 @@ with contextlib.redirect_stderr(err):
     code = main(["train", "--steps", "40", "--batch", "4", "--seq", "16", "--no-monitor", "--no-auto",
                  "--checkpoint-dir", sys.argv[1], "--checkpoint-every", "100"])
 report |= seen | {"code": code, "stderr": err.getvalue(), "left": not torch.distributed.is_initialized()}
-print(json.dumps(report | {"rank": ranks.rank}))
+sys.stdout.flush()  # one write of one line: the two processes share the pipe, and two prints could interleave
+os.write(1, (json.dumps(report | {"rank": ranks.rank}) + "\\n").encode())
 stop(ranks)
 """
 
@@ -483,7 +484,7 @@ def test_device_cuda_1_trains_against_gpu_1s_catalog_row(monkeypatch):
     from gpuwise.training import run as train_run
     from gpuwise.training.config import TrainOptions
     from gpuwise.training.distributed import Ranks
-    from gpuwise.training.trainer import mfu_peak_tflops
+    from gpuwise.training.meter import mfu_peak_tflops
 
     monkeypatch.setattr(train_run, "_run", lambda opts, prepared, *rest: prepared)  # stop before the GPU is used
     machine = _two_gpu_machine()

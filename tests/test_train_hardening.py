@@ -20,8 +20,10 @@ from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig, TrainOptions
+from gpuwise.training.interrupt import Interrupted
+from gpuwise.training.loss import default_loss
 from gpuwise.training.run import resume_options
-from gpuwise.training.trainer import Interrupted, Runtime, Trainer, default_loss
+from gpuwise.training.trainer import Runtime, Trainer
 
 TINY = ["train", "--batch", "4", "--seq", "16", "--no-monitor", "--no-auto"]
 
@@ -313,7 +315,7 @@ def test_a_hugging_face_gpt2_trains_on_dict_items():
 # -- 7. DDP randomness, BatchNorm, teardown ------------------------------------------------------------------------
 
 def test_each_rank_draws_its_own_randomness_and_rank_0_keeps_the_seed():
-    from gpuwise.training.trainer import rank_seed
+    from gpuwise.training.checkpoint import rank_seed
 
     assert rank_seed(1337, 0) == 1337 and len({rank_seed(1337, r) for r in range(8)}) == 8
 

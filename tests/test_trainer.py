@@ -13,7 +13,8 @@ from gpuwise.models.gpt import GPT, GPTConfig
 from gpuwise.training import checkpoint as ckpt
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.data import CharText
-from gpuwise.training.trainer import Runtime, Trainer, cosine_with_warmup, model_loss
+from gpuwise.training.loss import model_loss
+from gpuwise.training.trainer import Runtime, Trainer, cosine_with_warmup
 
 DATA = CharText(seq=32)
 
@@ -121,8 +122,9 @@ def test_auto_picks_the_largest_micro_batch_the_plan_fits():
 
     from gpuwise.models import get_model
     from gpuwise.planning.capture.workload import simulate
+    from gpuwise.planning.planner import Planner
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import ZooSource
+    from gpuwise.planning.sources.zoo import ZooSource
     from gpuwise.training.auto import choose
 
     gpt = GPTConfig(n_layer=2, n_head=2, n_embd=48, vocab_size=DATA.vocab_size, block_size=32)
@@ -134,10 +136,11 @@ def test_auto_picks_the_largest_micro_batch_the_plan_fits():
 
     free = (peak(4) + peak(8)) / 2 / 0.9  # 10% headroom is kept
     setup = TrainConfig(batch=16, precision="fp32").to_setup(seq=32)
-    choice = choose(src, setup, free_bytes=int(free), gpu=False)
+    choice = choose(Planner(src), setup, free_bytes=int(free), gpu=False)
     assert (choice.micro_batch, choice.grad_accum) == (4, 4)
     assert "micro-batch 4 x 4 accumulation" in choice.reason
-    gpu = choose(src, TrainConfig(batch=16, precision="bf16-mixed").to_setup(seq=32), free_bytes=80 * 2**30, gpu=True)
+    gpu = choose(Planner(src), TrainConfig(batch=16, precision="bf16-mixed").to_setup(seq=32), free_bytes=80 * 2**30,
+                 gpu=True)
     assert gpu.micro_batch == 16
 
 
@@ -163,7 +166,7 @@ def test_fp16_scaler_skips_inf_gradients_counts_them_and_its_scale_survives_a_re
 
 
 def _oom_when_larger_than(limit: int):
-    from gpuwise.training.trainer import OutOfMemory, model_loss
+    from gpuwise.training.trainer import OutOfMemory
 
     def loss_fn(model, x, y):
         if x.shape[0] > limit:
@@ -173,10 +176,22 @@ def _oom_when_larger_than(limit: int):
     return loss_fn
 
 
+def _plan_of_1000_bytes_a_sample():
+    """A RunPlan whose step holds 1000 bytes a sample at every micro-batch (its batch model: base 0, slope 1000)."""
+    import numpy as np
+
+    from gpuwise.planning.capture.scaling import Timeline
+    from gpuwise.training.runplan import RunPlan
+
+    memory = Timeline(labels=(("forward", None),), base=np.zeros((1, 1)), slope=np.full((1, 1), 1000.0),
+                      end_of_forward=0)
+    return RunPlan(memory=memory, batch_memory=memory)
+
+
 def test_an_oom_is_explained_and_retried_once_at_half_the_micro_batch():
     events: list[str] = []
     retried = _trainer(TrainConfig(steps=4, batch=8, micro_batch=4, log_every=1), loss_fn=_oom_when_larger_than(2),
-                       predicted_peak=lambda m: 1000.0 * m, on_event=events.append).fit()
+                       plan=_plan_of_1000_bytes_a_sample(), on_event=events.append).fit()
     small = _trainer(TrainConfig(steps=4, batch=8, micro_batch=2, log_every=1)).fit()
     assert [log.loss for log in retried.logs] == pytest.approx([log.loss for log in small.logs], rel=1e-6)
     assert (retried.micro_batch, retried.grad_accum) == (2, 4)
@@ -224,7 +239,7 @@ def test_compiled_model_takes_the_same_steps():
 
 def test_data_that_does_not_fit_the_model_is_one_clear_error():
     from gpuwise.training.data import DatasetBatches
-    from gpuwise.training.trainer import default_loss
+    from gpuwise.training.loss import default_loss
 
     model = torch.nn.Linear(8, 3)
     items = [(torch.randn(5), torch.tensor(1)) for _ in range(16)]  # 5 features for a model that takes 8
@@ -257,7 +272,7 @@ def test_default_loss_follows_the_targets():
 
 
 def check_default_loss(model, x, labels, values):
-    from gpuwise.training.trainer import default_loss
+    from gpuwise.training.loss import default_loss
 
     assert default_loss(model, x, labels) == pytest.approx(float(torch.nn.functional.cross_entropy(model(x),
                                                                                                    labels)))
@@ -371,3 +386,39 @@ def test_a_trainer_settles_mkl_vml_kernels_before_its_first_step():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1"
+
+
+def test_a_run_opens_one_planner_session_and_the_trainer_never_calls_the_planner(monkeypatch):
+    """gpuwise train plans once before the Trainer (training/runplan.py): one Planner, each setup captured once
+    (--auto's micro-batch-1 step and the run's own), and nothing captured once training starts."""
+    import gpuwise.planning.planner as planner_module
+    from gpuwise.training import trainer as trainer_module
+    from gpuwise.training.config import TrainOptions
+    from gpuwise.training.run import run_training
+
+    sessions, captures, started = [], [], []
+    real_init, real_capture = planner_module.Planner.__init__, planner_module.simulate_if_applicable
+
+    def init(self, source):
+        sessions.append(source)
+        real_init(self, source)
+
+    def capture(source, setup, **kwargs):
+        assert not started, "the planner was called after the Trainer was made"
+        captures.append(setup)
+        return real_capture(source, setup, **kwargs)
+
+    real_fit = trainer_module.Trainer.fit
+
+    def fit(self, **kwargs):
+        started.append(True)
+        assert self.plan is not None and self.plan.flops_per_step  # the Trainer got the plan's MFU numerator
+        return real_fit(self, **kwargs)
+
+    monkeypatch.setattr(planner_module.Planner, "__init__", init)
+    monkeypatch.setattr(planner_module, "simulate_if_applicable", capture)
+    monkeypatch.setattr(trainer_module.Trainer, "fit", fit)
+    opts = TrainOptions(seq=16, device="cpu", monitor=False, config=TrainConfig(steps=2, batch=8, log_every=1))
+    summary = run_training(opts, environ={})
+    assert len(sessions) == 1 and len(captures) == len(set(captures)) == 2 and started
+    assert summary.auto is not None and summary.auto.startswith("fp32 (cpu training runs in fp32); micro-batch ")

@@ -151,8 +151,8 @@ def train(
     from gpuwise import render
     from gpuwise.files import LogFile
     from gpuwise.training.distributed import Ranks
+    from gpuwise.training.interrupt import Interrupted
     from gpuwise.training.run import resume_options, run_training
-    from gpuwise.training.trainer import Interrupted
 
     typed = {k for k, v in {**given, "example": example, "model": model, "data": data, "seq": seq,
                             "image_size": image_size, "workers": workers}.items() if v is not None}

@@ -1,6 +1,7 @@
-"""Training: the loop (trainer.py), its config in the planner's vocabulary (config.py), parallelism applied from
-outside (parallelize.py), crash-safe checkpoints (checkpoint.py's Checkpointer), data and tasks, torchrun ranks,
-and ``run_training`` (what ``gpuwise train`` calls). The names below load on first use (most import torch)."""
+"""Training: the loop (trainer.py) and its parts (meter.py: timing and MFU; interrupt.py: Ctrl-C; loss.py;
+checkpoint.py: the Checkpointer and RNG states), its config in the planner's vocabulary (config.py), the run's
+one plan (runplan.py), parallelism applied from outside (parallelize.py), data and tasks, torchrun ranks, and
+``run_training`` (what ``gpuwise train`` calls). The names below load on first use (most import torch)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 _EXPORTS = {"Trainer": "trainer", "Runtime": "trainer", "TrainResult": "trainer", "StepLog": "trainer",
             "TrainConfig": "config", "TrainOptions": "config", "Checkpointer": "checkpoint",
-            "TrainSummary": "run", "run_training": "run"}
+            "TrainSummary": "run", "run_training": "run", "RunPlan": "runplan"}
 
 
 def __getattr__(name: str) -> Any:

@@ -91,6 +91,39 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s randomness (dropout) after the weights are made: one stream per process,
+    so the ranks do not draw the same masks (rank 0 keeps ``seed``)."""
+    return seed + 1_000_003 * rank if rank else seed
+
+
+def gather_rng(device: torch.device, world_size: int) -> dict[str, list[torch.Tensor]]:
+    """Every process's torch generator states (CPU, and this GPU's), gathered as uint8 tensors: under torchrun
+    each process draws its own dropout masks, and an exact resume needs each one's stream."""
+    mine = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        mine["cuda"] = torch.cuda.get_rng_state(device)
+    out = {}
+    for key, state in mine.items():
+        state = state.to(device)  # NCCL gathers GPU tensors
+        parts = [torch.empty_like(state) for _ in range(world_size)]
+        torch.distributed.all_gather(parts, state)
+        out[key] = [t.cpu() for t in parts]
+    return out
+
+
+def set_rank_rng(streams: dict[str, list[torch.Tensor]], *, rank: int, world_size: int, device: torch.device,
+                 seed: int) -> None:
+    """This process's stream from ``gather_rng``'s ``streams``; saved by another number of processes (or not at
+    all), a fresh stream per process from ``seed``."""
+    if len(streams.get("torch", ())) == world_size:
+        torch.set_rng_state(streams["torch"][rank])
+        if "cuda" in streams and device.type == "cuda":
+            torch.cuda.set_rng_state(streams["cuda"][rank], device)
+    else:
+        torch.manual_seed(rank_seed(seed, rank))
+
+
 def save(folder: str | os.PathLike, step: int, *, model_state: dict[str, torch.Tensor], state: dict[str, Any],
          fingerprint: str, keep: int = 3, identity: dict[str, Any] | None = None,
          run: dict[str, Any] | None = None) -> Checkpoint:

@@ -61,14 +61,12 @@ class TrainConfig:
     sync_batchnorm: bool = False  # under torchrun on GPUs: BatchNorm statistics over every process's micro-batch
 
     def __post_init__(self) -> None:
-        from gpuwise.planning.setup import Checkpointing, Optimizer, _choice, _positive
+        from gpuwise.planning.setup import Checkpointing, Loss, Optimizer, _choice, _positive
 
         if self.precision is not None:
             _choice("precision", self.precision, Precision)
         _choice("checkpointing", self.checkpointing, Checkpointing)
         _choice("optimizer", self.optimizer, Optimizer)
-        from gpuwise.planning.setup import Loss
-
         _choice("loss", self.loss, Loss)
         if self.optimizer != "adamw":
             raise plan_only(f"--optimizer {self.optimizer} is planned by gpuwise plan; gpuwise train runs AdamW",
@@ -174,7 +172,7 @@ class TrainOptions:
     config: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        from gpuwise.planning.setup import Task, _choice, _positive
+        from gpuwise.planning.setup import Request, Task, _choice, _positive, lora_flags
 
         if self.example not in get_args(Example):
             raise GpuwiseError(f"--example {self.example!r} is not text or image",
@@ -183,13 +181,11 @@ class TrainOptions:
         if self.task != "train":
             raise plan_only(f"--task {self.task} is planned by gpuwise plan; gpuwise train runs full training",
                             "drop --task, or see the plan with gpuwise plan --task " + self.task)
-        lora = [f for f, v in (("--qlora", self.qlora or None), ("--lora-rank", self.lora_rank),
-                               ("--lora-targets", self.lora_targets), ("--lora-dropout", self.lora_dropout),
-                               ("--qlora-recipe", self.qlora_recipe)) if v is not None]
+        lora = lora_flags(Request(qlora=self.qlora, lora_rank=self.lora_rank, lora_targets=self.lora_targets,
+                                  lora_dropout=self.lora_dropout, qlora_recipe=self.qlora_recipe))
         if lora:
-            flag = lora[0] if lora[0] == "--qlora" else f"{lora[0]} {getattr(self, lora[0][2:].replace('-', '_'))}"
-            raise plan_only(f"{flag} (LoRA fine-tuning) is planned by gpuwise plan, not run by gpuwise train",
-                            f"drop {flag.split()[0]}")
+            raise plan_only(f"{lora[0]} (LoRA fine-tuning) is planned by gpuwise plan, not run by gpuwise train",
+                            f"drop {lora[0].split()[0]}")
         _positive("gpus", self.gpus, 1 << 16)
         _positive("seq", self.seq, 1 << 24)  # not "seq or TEXT_SEQ": --seq 0 is a mistake, not the default
         _positive("image_size", self.image_size, 1 << 14)

@@ -180,7 +180,7 @@ class DatasetBatches:
 
     def loader_settings(self, *, pin: bool):
         """How ``stream`` loads (the monitor's diagnosis suggests changes to these)."""
-        from gpuwise.monitor.diagnose import Loader
+        from gpuwise.monitor.verdict import Loader
 
         return Loader(num_workers=self.workers, pin_memory=pin, prefetch_factor=2 if self.workers else None,
                       persistent_workers=False if self.workers else None)
@@ -251,3 +251,30 @@ def stream(data: Any, start: int, steps: int, batch: int, rank: int = 0, world_s
         x, y = rows(x, sl), rows(y, sl)
         yield (pinned(x), pinned(y)) if pin else (x, y)
 
+
+
+def as_batches(data: Any, seed: int) -> Any:
+    """What the Trainer reads: numbered batches as they are; a map-style Dataset through the step sampler; a
+    DataLoader refused (its order cannot be resumed)."""
+    if hasattr(data, "batch") or hasattr(data, "stream"):
+        return data
+    if isinstance(data, torch.utils.data.DataLoader):
+        raise GpuwiseError("the Trainer takes the Dataset, not a DataLoader",
+                           "pass loader.dataset: the Trainer numbers the batches so a resume reads the same ones")
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return DatasetBatches(data, seed=seed)
+    raise GpuwiseError(f"the Trainer cannot read batches from {type(data).__name__}",
+                       "pass a map-style Dataset of (input, target) items, or an object with batch(number, size)")
+
+
+def small_dataset_note(data: Any, batch: int) -> str | None:
+    """Said when a Dataset holds fewer items than the batch: every step then reads its items more than once
+    (a one-item Dataset was read 8 times a step at --batch 8, silently)."""
+    if not isinstance(data, DatasetBatches):
+        return None
+    n = len(data.dataset)
+    if n == 0 or n >= batch:
+        return None
+    items = "1 item" if n == 1 else f"{n} items"
+    return (f"the dataset holds {items}, fewer than the batch of {batch}: each step reads every item about "
+            f"{batch / n:.3g} times (lower --batch, or give more data)")

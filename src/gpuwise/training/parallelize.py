@@ -35,8 +35,8 @@ class Parallelized:
 def apply_checkpointing(model: nn.Module, mode: str = "full") -> None:
     """Recompute every block in backward (``selective``: all but what torchtitan's op-level policy saves, as the
     planner simulates it); a model without a stack of blocks is refused."""
-    from gpuwise.planning.transforms import apply_checkpointing as wrap_blocks
-    from gpuwise.planning.transforms import find_blocks
+    from gpuwise.planning.capture.blocks import find_blocks
+    from gpuwise.planning.transforms.checkpointing import apply_checkpointing as wrap_blocks
 
     blocks = find_blocks(model)
     if blocks is None:
@@ -54,8 +54,9 @@ def apply_float8(model: nn.Module) -> None:
     except ImportError as exc:
         raise GpuwiseError("--precision fp8 trains with torchao's float8 linear layers, and torchao is not installed",
                            "pip install torchao, or use --precision bf16-mixed") from exc
-    from gpuwise.planning.transforms import find_blocks, select_targets
+    from gpuwise.planning.capture.blocks import find_blocks
     from gpuwise.planning.transforms.float8 import float8_eligible
+    from gpuwise.planning.transforms.lora import select_targets
 
     head = select_targets(model, find_blocks(model), None)[2]
     convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear)
@@ -68,7 +69,7 @@ def apply_fsdp(model: nn.Module, optimizer: torch.optim.Optimizer, spec: Precisi
     the shards, its parameter groups kept by parameter name."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from gpuwise.planning.transforms import find_blocks
+    from gpuwise.planning.capture.blocks import find_blocks
 
     if spec.scaler:
         raise GpuwiseError(f"--sharding fsdp does not take {spec.name} here", "use --precision bf16-mixed")

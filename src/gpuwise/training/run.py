@@ -18,7 +18,8 @@ from gpuwise.training.distributed import Ranks
 if TYPE_CHECKING:
     from gpuwise.hardware.detect import LocalMachine
     from gpuwise.hardware.device import Target
-    from gpuwise.monitor.diagnose import Context, Diagnosis
+    from gpuwise.monitor.verdict import Context, Diagnosis
+    from gpuwise.training.runplan import RunPlan
     from gpuwise.training.trainer import StepLog
 
 __all__ = ["InputFix", "TrainOptions", "TrainSummary", "fix_input", "prepare", "run_training"]
@@ -113,7 +114,10 @@ def _task(opts: TrainOptions, batch: int, seed: int, cuda: bool):
     if opts.model:
         if opts.seq is not None or opts.image_size is not None:
             raise GpuwiseError("--seq and --image-size do not apply to --model", "size the data in your functions")
-        workers = opts.workers if opts.workers is not None else (4 if cuda else 0)
+        from gpuwise.environment import suggested_workers
+        from gpuwise.monitor.host import usable_cores
+
+        workers = opts.workers if opts.workers is not None else suggested_workers(usable_cores(), 1 if cuda else 0)
         return tasks.file_task(opts.model, opts.data, batch, seed, workers)
     if opts.example == "text":
         if opts.image_size is not None:
@@ -145,7 +149,7 @@ def run_training(opts: TrainOptions, *, on_log: Callable[[StepLog], None] | None
     from gpuwise.hardware.device import local_machine
     from gpuwise.precision import PRECISIONS, tf32_matmuls
     from gpuwise.training.distributed import start, stop
-    from gpuwise.training.trainer import Interrupted
+    from gpuwise.training.interrupt import Interrupted
 
     environ = os.environ if environ is None else environ
     ranks = Ranks.from_environ(environ)  # set by torchrun
@@ -168,9 +172,8 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
     import torch
 
     from gpuwise.optim import param_groups
-    from gpuwise.planning.capture.workload import simulate
     from gpuwise.precision import PRECISIONS
-    from gpuwise.training.distributed import agree_min
+    from gpuwise.training.runplan import plan_run
     from gpuwise.training.trainer import Runtime, Trainer
 
     target, config = prepared.target, prepared.config
@@ -179,24 +182,17 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
     if config.sharding == "fsdp" and world == 1:
         say("--sharding fsdp with one process shards nothing: training unsharded (run it under torchrun)")
     task = _task(opts, config.batch, config.seed, target.gpu)
-    auto_reason = None
+    free = None
     if opts.auto:
         import psutil
 
-        from gpuwise.training.auto import choose
-
         free = torch.cuda.mem_get_info(torch.device(name))[0] if target.gpu else psutil.virtual_memory().available
-        try:
-            choice = choose(task.source, config.to_setup(gpus=world, seq=task.seq), free_bytes=free, gpu=target.gpu)
-        except GpuwiseError as exc:
-            auto_reason = f"the planner could not capture the model ({exc.message}): the whole batch at once"
-        else:
-            asked = config.micro_batch
-            micro = asked or agree_min(ranks, choice.micro_batch, torch.device(name))  # one choice for all
-            config = replace(config, micro_batch=micro)
-            auto_reason = (f"{config.precision} ({_precision_reason(opts, target)}); {choice.reason}"
-                           + (f" (--micro-batch {asked} as asked)" if asked else ""))
-        say(f"auto: {auto_reason}")
+    plan = plan_run(task.source, config, target, ranks=ranks, seq=task.seq, free_bytes=free,
+                    why=_precision_reason(opts, target))  # the one planner session of the run
+    if plan.micro_batch is not None:
+        config = replace(config, micro_batch=plan.micro_batch)
+    if plan.auto is not None:
+        say(f"auto: {plan.auto}")
 
     torch.manual_seed(config.seed)
     with torch.device(name):
@@ -210,29 +206,13 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
     fused = target.gpu if opts.fused is None else opts.fused
     optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=(0.9, 0.95),
                                   **({"fused": True} if fused else {"foreach": True}))
-    one = replace(config.to_setup(gpus=world, seq=task.seq), gpus=1, sharding="ddp")  # one process's step
-    try:
-        flops = simulate(task.source, one, batch_model=False).flops_per_step  # per process, as the peak is
-    except GpuwiseError:
-        flops = None
-
-    def predicted_peak(m: int) -> float:
-        w = simulate(task.source, replace(one, micro_batch=m, grad_accum=one.micro_batch * one.grad_accum // m),
-                     batch_model=False)
-        return float(w.timeline.live(m).sum(axis=1).max())
-
-    def oom_advice(m: int) -> str | None:
-        setup = replace(one, micro_batch=m, grad_accum=one.micro_batch * one.grad_accum // m)
-        return oom_advice_for(task.source, setup, target.row.key) if target.gpu and target.row is not None else None
-
     monitor = None
     if opts.monitor:
         from gpuwise.monitor.sampler import Monitor
 
         monitor = Monitor(device=name, gpus=target.gpu)  # every rank: DDP's timing hook must be on all of them
-    runtime = Runtime(device=target, ranks=ranks, checkpoint_dir=opts.checkpoint_dir, flops_per_step=flops,
-                      predicted_peak=predicted_peak, oom_advice=oom_advice, on_log=on_log, on_event=on_event,
-                      monitor=monitor, on_resume=on_resume, run=saved_settings(opts, config))
+    runtime = Runtime(device=target, ranks=ranks, checkpoint_dir=opts.checkpoint_dir, plan=plan, on_log=on_log,
+                      on_event=on_event, monitor=monitor, on_resume=on_resume, run=saved_settings(opts, config))
     if config.compile:
         say("compiling the model (torch.compile): the first steps are slow; compiled kernels may round differently "
             "from eager ones, so a resume matches the run bit for bit in eager mode only")
@@ -247,8 +227,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
             monitor.stop()
     diagnosis = step_s = data_wait = None
     if monitor is not None and ranks.main:
-        diagnosis = monitor.diagnose(_context(task, target, config, world, one, trainer.micro_batch,
-                                              predicted_peak))
+        diagnosis = monitor.diagnose(_context(task, target, config, world, plan, trainer.micro_batch))
         timed = monitor.record().steps[1:] or monitor.record().steps  # the first step warms up
         step_s = _median([e.seconds for e in timed])
         data_wait = _median([e.data_wait_s / e.seconds for e in timed if e.seconds > 0])
@@ -264,25 +243,18 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
         throughput=_median([log.tokens_per_s for log in later]),
         mfu=_median([log.mfu for log in later if log.mfu is not None]),
         peak_memory_bytes=max(peaks) if peaks else None, compiled=config.compile,
-        optimizer=f"AdamW ({'fused' if fused else 'foreach'})", auto=auto_reason, events=result.events,
+        optimizer=f"AdamW ({'fused' if fused else 'foreach'})", auto=plan.auto, events=result.events,
         checkpoint_dir=opts.checkpoint_dir, diagnosis=diagnosis, step_s=step_s, data_wait=data_wait)
 
 
-def oom_advice_for(source, setup, gpu: str, *, remedies: int = 3) -> str:
+def oom_advice_for(source, setup, gpu: str, *, remedies: int = 3) -> str | None:
     """What the plan says of ``setup`` on the catalog GPU ``gpu`` at an OOM: its peak by category and the first
-    ``remedies`` remedies in order, each as the flags to add."""
-    from gpuwise.planning.planner import plan
-    from gpuwise.units import human_bytes
+    ``remedies`` remedies in order, each as the flags to add (``RunPlan.oom_advice``)."""
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.planning.planner import Planner
+    from gpuwise.training.runplan import planned
 
-    p = plan(source, setup, gpu=gpu)
-    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in p.breakdown.items() if v)
-    text = f"the plan's peak at micro-batch {setup.micro_batch}: {human_bytes(p.peak_bytes)} in {p.peak_at} ({parts})"
-    fitting = [r for r in p.remedies if r.fits][:remedies]
-    if fitting:
-        text += "; remedies in order: " + "; ".join(f"{r.name} ({r.flags})" if r.flags else r.name for r in fitting)
-    elif p.fits:
-        text += f"; the plan fits it on {p.gpu}: another process may hold memory (nvidia-smi)"
-    return text
+    return planned(Planner(source), setup, load_catalog().get(gpu)).oom_advice(setup.micro_batch, count=remedies)
 
 
 FIX_STEPS = 20  # steps --fix-input re-runs with the suggested loader
@@ -327,13 +299,14 @@ def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STE
                     speedup=summary.step_s / after.step_s if summary.step_s and after.step_s else None)
 
 
-def _context(task, target: Target, config, world: int, one, micro: int, predicted_peak) -> Context:
-    """What the diagnosis knows of this run: the machine, how its data loads, and (on a catalog GPU) the plan:
-    the roofline, the predicted step time and peak memory, the kernels a step launches."""
+def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int) -> Context:
+    """What the diagnosis knows of this run: the machine, how its data loads, and (on a catalog GPU) the run's
+    plan: the roofline, the predicted step time and peak memory, the kernels a step launches, the remedies. After
+    an OOM retry (``micro`` is not the plan's) only the peak is known, from the plan's batch model."""
     from dataclasses import replace as _replace
 
-    from gpuwise.monitor.diagnose import Context, Loader
     from gpuwise.monitor.host import usable_cores
+    from gpuwise.monitor.verdict import Context, Loader
     from gpuwise.precision import PRECISIONS
 
     loader = getattr(task.data, "loader_settings", None)
@@ -341,28 +314,15 @@ def _context(task, target: Target, config, world: int, one, micro: int, predicte
     ctx = Context(device=target.backend, usable_cores=usable_cores(), world_size=world, loader=loader,
                   memory_total_bytes=target.memory_total_bytes)
     row = target.row
-    if not target.gpu or row is None:
+    if not target.gpu or row is None or plan.gpu is None:  # off the catalog, or the model was not captured
         return ctx
-    try:
-        from gpuwise.planning.capture.tracker import NONE
-        from gpuwise.planning.capture.workload import simulate
-        from gpuwise.planning.cost.step import step_time
-        from gpuwise.planning.parallel.sharding import per_gpu
-
-        setup = _replace(one, micro_batch=micro, grad_accum=one.micro_batch * one.grad_accum // micro)
-        w = simulate(task.source, setup, batch_model=False)
-        t = step_time(per_gpu(w, setup), row)
-        kernels = int(w.costs.count[w.costs.kind != NONE].sum())  # ops that launch a kernel
-        from gpuwise.planning.planner import plan
-
-        remedies = tuple(f"{r.name}: add {r.flags}" if r.flags else r.name
-                         for r in plan(task.source, setup, gpu=row.key).remedies if r.fits)
-        return _replace(ctx, remedies=remedies, peak_tflops=row.peak_tflops.get(PRECISIONS[config.precision].rate_key),
-                        bandwidth_gbps=row.memory_bandwidth_gbps, planned_step_s=None if t is None else t.seconds,
-                        planned_peak_bytes=predicted_peak(micro), planned_bytes_per_step=float(w.bytes_per_step),
-                        kernels_per_step=kernels)
-    except GpuwiseError:
-        return ctx
+    same = plan.setup is not None and micro == plan.setup.micro_batch
+    return _replace(ctx, remedies=tuple(f"{r.name}: add {r.flags}" if r.flags else r.name for r in plan.remedies),
+                    peak_tflops=row.peak_tflops.get(PRECISIONS[config.precision].rate_key),
+                    bandwidth_gbps=row.memory_bandwidth_gbps, planned_step_s=plan.step_s if same else None,
+                    planned_peak_bytes=plan.peak_bytes(micro),
+                    planned_bytes_per_step=plan.bytes_per_step if same else None,
+                    kernels_per_step=plan.kernels_per_step if same else None)
 
 
 # Settings a checkpoint keeps so ``--resume`` need not repeat them: those that change what is trained (a

@@ -18,7 +18,7 @@ from torch.nn import functional as F
 from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.files import file_function
 from gpuwise.training.data import CharText, DatasetBatches, Fixed, SyntheticImages
-from gpuwise.training.trainer import LossFn, default_loss, model_loss
+from gpuwise.training.loss import LossFn, default_loss, model_loss
 
 
 class SmallCNN(nn.Module):
@@ -57,7 +57,7 @@ class FunctionSource:
         return 1
 
     def build(self, setup, batch: int, n_layer: int | None):
-        from gpuwise.planning.sources import build_function
+        from gpuwise.planning.sources.file import build_function
 
         return build_function(self.name, self.fn, setup, batch)
 
@@ -77,7 +77,7 @@ class Task:
 def text_task(seq: int, seed: int, loss: str = "standard") -> Task:
     from gpuwise.models import get_model
     from gpuwise.models.gpt import GPT, GPTConfig
-    from gpuwise.planning.sources import ZooSource
+    from gpuwise.planning.sources.zoo import ZooSource
 
     if not 8 <= seq <= 1024:
         raise GpuwiseError(f"--seq {seq} is outside 8..1024 characters", "pass e.g. --seq 128")
@@ -105,7 +105,7 @@ def image_task(image_size: int, seed: int) -> Task:
 def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, workers: int) -> Task:
     """``function(batch_size)`` returns ``(model, inputs)`` as for ``gpuwise plan``; ``--data``'s function
     returns a Dataset of ``(input, target)`` items (or ``(train, val)`` Datasets)."""
-    from gpuwise.planning.sources import FileSource, call_model_function
+    from gpuwise.planning.sources.file import FileSource, call_model_function
 
     path, name = file_function(model_spec, "--model")
     source = FileSource(path=path, function=name)
