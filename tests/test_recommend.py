@@ -12,7 +12,8 @@ from conftest import run_cli
 from gpuwise.cli.recommend import parse_duration
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import load_catalog
-from gpuwise.recommend import Constraints, Goal, Price, read_prices
+from gpuwise.recommend.prices import Price, read_prices
+from gpuwise.recommend.request import Constraints, Goal
 
 
 def test_prices_file_is_read_by_any_catalog_name_with_its_date(tmp_path):
@@ -104,8 +105,8 @@ FEW = "rtx-3060-12gb,rtx-4060-ti-16gb,rtx-4090,a100-80gb-sxm,h100-sxm,t4"
 @pytest.fixture(scope="module")
 def ranked():
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import recommend
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.search import recommend
 
     catalog = load_catalog()
     keys = tuple(catalog.get(k).key for k in FEW.split(","))
@@ -122,13 +123,23 @@ def test_each_row_fits_its_gpu_and_keeps_the_global_batch(ranked):
         assert o.throughput == pytest.approx(32 * 256 / o.step_time_s)  # tokens per step over the step time
 
 
-def test_costs_follow_from_price_power_and_time(ranked):
-    for o in ranked.rows:
-        hours = o.time_to_goal_s / 3600
-        acc = load_catalog().get(o.gpu)
-        assert o.energy_kwh == pytest.approx(acc.tdp_w * o.count * hours / 1000)
-        if o.rent_usd is not None:
-            assert o.rent_usd == pytest.approx(o.rent_usd_per_hour.usd * o.count * hours)
+def test_a_job_costs_what_the_quotes_and_the_board_power_say():
+    """Eight H100 SXM (700 W each, NVIDIA's datasheet) for 10 hours at a quoted $2.50 a GPU-hour and $25,000 a GPU,
+    doing 100k tokens a second: worked by hand."""
+    from gpuwise.recommend.prices import costs
+
+    h100 = load_catalog().get("h100-sxm")
+    rent, buy = Price(usd=2.50, source="q"), Price(usd=25_000, source="q")
+    c = costs(h100, gpus=8, throughput=1e5, hours=10.0, rent={"h100-sxm": rent}, buy={"h100-sxm": buy})
+    assert (c.rent_usd_per_hour, c.buy_price) == (rent, buy)
+    assert c.rent_usd == pytest.approx(200.0) and c.buy_usd == pytest.approx(200_000.0)
+    assert c.energy_kwh == pytest.approx(56.0)  # 5.6 kW for 10 h
+    assert c.per_joule == pytest.approx(17.857, rel=1e-4)  # 100k tokens/s over 5600 W
+    none = costs(h100, gpus=8, throughput=1e5, hours=None, rent={}, buy={})  # no goal: no job figures
+    assert none.rent_usd is None and none.energy_kwh is None and none.rent_usd_per_hour.usd == h100.cloud_usd_per_hour
+
+
+def test_the_rows_use_the_users_quote_and_the_precision_the_gpu_has(ranked):
     t4 = [o for o in ranked.rows if o.gpu == "t4"]
     assert t4 and all(o.rent_usd_per_hour.usd == 0.35 and o.rent_usd_per_hour.source == "test quote" for o in t4)
     assert all(o.setup.precision == "fp16-mixed" for o in t4)  # no bf16 on Turing: autocast to fp16 with a scaler
@@ -152,8 +163,8 @@ def test_more_datacenter_gpus_go_faster_and_an_h100_beats_a_4090(ranked):
 
 def test_budget_and_deadline_move_rows_out_with_the_reason():
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import recommend
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.search import recommend
 
     r = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=32, micro_batch=32, seq=256), Goal(tokens=1e9),
                   Constraints(gpus=("rtx-4090", "h100-sxm"), budget_usd=3.5, deadline_s=3 * 3600))
@@ -197,8 +208,9 @@ def _catalog(*keys):
 
 
 def test_a_70b_model_needs_datacenter_memory_and_tensor_parallel_when_serving():
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import Traffic, serve
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.request import Traffic
+    from gpuwise.recommend.serve import serve
 
     catalog = _catalog("rtx-4090", "a100-80gb-sxm", "h100-sxm", "h200")
     free = serve(resolve_source("llama2-70b", None), Traffic(concurrency=100), catalog=catalog)
@@ -217,8 +229,9 @@ def test_a_70b_model_needs_datacenter_memory_and_tensor_parallel_when_serving():
 
 
 def test_quantised_weights_fit_where_bf16_does_not_and_decode_faster():
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import Traffic, serve
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.request import Traffic
+    from gpuwise.recommend.serve import serve
 
     src, cat = resolve_source("llama3-8b", None), _catalog("rtx-3060-12gb", "rtx-4090")
     bf16 = serve(src, Traffic(), catalog=cat)
@@ -240,8 +253,8 @@ def test_edge_chips_rank_by_work_per_joule_for_a_small_int8_vision_model(capsys)
 
 def test_ascend_is_listed_unless_the_user_asks_for_cuda_only():
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import recommend
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.search import recommend
 
     src, setup, goal = resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=128), Goal(tokens=1e8)
     cat = _catalog("ascend-910b", "a100-80gb-sxm")
@@ -262,7 +275,7 @@ def test_the_plot_draws_time_against_cost_to_a_png(capsys, tmp_path):
 
 def test_the_guide_is_the_engines_own_ranking_of_each_job():
     """With no workload: each job's picks are the extremes of the same ranking (not typed in)."""
-    from gpuwise.recommend import guide
+    from gpuwise.recommend.guide import guide
 
     cat = _catalog("rtx-4090", "h100-sxm", "coral-edge-tpu", "jetson-agx-orin")
     g = guide(catalog=cat)
@@ -280,8 +293,10 @@ def test_learning_on_a_3060_or_a_4060_ti_is_the_known_trade_off():
     """Both hold a small GPT; the 4060 Ti's tensor cores train it faster, the 3060's wider bus (360 vs 288 GB/s)
     decodes faster: the split the buying guides describe."""
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import Traffic, recommend, serve
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.request import Traffic
+    from gpuwise.recommend.search import recommend
+    from gpuwise.recommend.serve import serve
 
     cat = _catalog("rtx-3060-12gb", "rtx-4060-ti-16gb")
     train = recommend(resolve_source("gpt2", None), Setup.for_batch(batch=8, micro_batch=8, seq=512), Goal(tokens=1e8),
@@ -296,8 +311,8 @@ def test_learning_on_a_3060_or_a_4060_ti_is_the_known_trade_off():
 
 def test_lora_and_qlora_of_a_7b_model_fit_one_4090():
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import recommend
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.search import recommend
 
     for qlora in (False, True):
         setup = Setup.for_batch(batch=8, micro_batch=8, seq=1024, task="finetune-lora", qlora=qlora)
@@ -332,8 +347,9 @@ def test_a_prices_file_saved_by_excel_or_not_a_csv_at_all(tmp_path):
 
 
 def test_serving_splits_heads_evenly_and_leaves_npus_out_of_decode():
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import Traffic, serve
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.request import Traffic
+    from gpuwise.recommend.serve import serve
 
     r = serve(resolve_source("gpt2-xl", None), Traffic(concurrency=8), catalog=_catalog("h100-sxm", "apple-ane-m4"))
     assert {o.count for o in r.rows if o.gpu == "h100-sxm"} == {1}  # 25 heads split over no power of two

@@ -29,7 +29,7 @@ MIXTRAL_DIMS = dict(layers=32, heads=32, kv_heads=8, head_dim=128)  # tests/data
 def mixtral():
     """The Mixtral 8x7B source (its meta-device build, once for the module: ~3 s) and its experts."""
     pytest.importorskip("transformers")
-    from gpuwise.planning.sources import HFSource
+    from gpuwise.planning.sources.hf import HFSource
 
     source = HFSource.from_path(DATA / "mixtral-8x7b-config.json")
     return source, source.experts
@@ -62,7 +62,8 @@ def test_weights_read_go_from_the_active_at_batch_one_to_all(mixtral):
 
 
 def _serve(source, **traffic):
-    from gpuwise.recommend import Constraints, Traffic, serve
+    from gpuwise.recommend.request import Constraints, Traffic
+    from gpuwise.recommend.serve import serve
 
     r = serve(source, Traffic(**traffic), Constraints(gpus=("h100-sxm",)))
     return r, {o.count: o for o in r.rows}
@@ -161,9 +162,10 @@ SMALL_DENSE = {**_BASE, "model_type": "mistral", "architectures": ["MistralForCa
 
 
 def _train(tmp_path, cfg):
-    from gpuwise.planning import Setup
-    from gpuwise.planning.sources import HFSource
-    from gpuwise.recommend import Constraints, Goal, recommend
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.sources.hf import HFSource
+    from gpuwise.recommend.request import Constraints, Goal
+    from gpuwise.recommend.search import recommend
 
     path = tmp_path / f"{cfg['model_type']}.json"
     path.write_text(json.dumps(cfg))

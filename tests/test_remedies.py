@@ -13,7 +13,7 @@ from conftest import run_cli
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.fit import OVERHEAD_BYTES, GpuFit, status
-from gpuwise.planning.remedies import remedies, setup_flags
+from gpuwise.planning.remedies import remedies, settings, setup_flags
 from gpuwise.render._common import to_jsonable
 from gpuwise.units import GiB
 
@@ -189,3 +189,15 @@ def test_remedy_flags_reproduce_the_remedy_in_plan(capsys, monkeypatch, command,
         (fit,) = again["gpus"]
         assert fit["required_bytes"] == remedy.required_bytes and fit["status"] == remedy.status
         assert again["setup"] == {**to_jsonable(remedy.setup), "batch": remedy.setup.batch}
+
+
+def test_a_search_walks_the_remedies_checkpointing_before_fsdp_and_leaves_the_users_choices():
+    """recommend's order on a fixed GPU count: every combination of the earlier remedies before a later one."""
+    pairs = [(s.sharding, s.checkpointing) for s in settings(Setup(gpus=4))]
+    assert pairs == [("ddp", "none"), ("ddp", "full"), ("fsdp", "none"), ("fsdp", "full")]
+    assert [(s.sharding, s.checkpointing) for s in settings(Setup(gpus=1))] == [("ddp", "none"), ("ddp", "full")]
+    given = settings(Setup(gpus=4, checkpointing="selective"), given=frozenset({"checkpointing"}))
+    assert [(s.sharding, s.checkpointing) for s in given] == [("ddp", "selective"), ("fsdp", "selective")]
+    assert settings(Setup(gpus=4, sharding="zero2"), given=frozenset({"sharding", "checkpointing"})) == [
+        Setup(gpus=4, sharding="zero2")]
+

@@ -31,6 +31,7 @@ from gpuwise.cli._app import (
     check_png,
 )
 from gpuwise.errors import GpuwiseError
+from gpuwise.recommend.request import Run, Traffic
 
 _UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -63,10 +64,12 @@ def recommend(
     task: Annotated[str | None, typer.Option(help="train, finetune-lora, or infer (= --serve).")] = None,
     serve: Annotated[bool, typer.Option("--serve", help="Rank for serving: decode speed, first-token time, "
                                                         "replicas for the users.")] = False,
-    prompt_tokens: Annotated[int, typer.Option(help="Serving: tokens in each request.")] = 512,
-    output_tokens: Annotated[int, typer.Option(help="Serving: tokens generated for each request.")] = 256,
-    concurrency: Annotated[int, typer.Option(help="Serving: users at once (images per batch for other "
-                                                  "models: see --batch).")] = 1,
+    prompt_tokens: Annotated[int | None, typer.Option(
+        help=f"Serving: tokens in each request [{Traffic.prompt_tokens}].")] = None,
+    output_tokens: Annotated[int | None, typer.Option(
+        help=f"Serving: tokens generated for each request [{Traffic.output_tokens}].")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Serving: users at once (images per batch for other "
+                                                         f"models: see --batch) [{Traffic.concurrency}].")] = None,
     tokens_per_s: Annotated[float | None, typer.Option(help="Serving: output tokens (or samples) per second to "
                                                             "sustain over all replicas, instead of --concurrency.")
                             ] = None,
@@ -74,7 +77,7 @@ def recommend(
     tpot_ms: Annotated[float | None, typer.Option(help="Serving: longest time per output token.")] = None,
     weights: WeightsOption = None,
     batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU, kept "
-                                                   "on every row [64].")] = None,
+                                                   f"on every row [{Run.batch}].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
     image_size: Annotated[int | None, typer.Option(help="Pixels per side (image models).")] = None,
     precision: Annotated[str | None, typer.Option(help="fp32, tf32, bf16-mixed, fp16-mixed, bf16 (pure), "
@@ -128,8 +131,9 @@ def recommend(
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
     check_png(plot)
-    if batch is not None and batch < 1:  # not "batch or 64": --batch 0 meant the default
-        raise GpuwiseError(f"--batch {batch} is not a batch", "pass a whole number from 1, or drop --batch [64]")
+    if batch is not None and batch < 1:  # not "batch or the default": --batch 0 meant the default
+        raise GpuwiseError(f"--batch {batch} is not a batch", f"pass a whole number from 1, or drop --batch "
+                           f"[{Run.batch}]")
     gpus = _list(gpu, "--gpu", "GPU", "h100,a100 (gpuwise gpus lists the catalog keys)")
     segments = _list(segment, "--segment", "segment", "consumer,workstation")
     vendors = _list(vendor, "--vendor", "vendor", "NVIDIA,AMD")
@@ -144,8 +148,7 @@ def recommend(
                            "for gpuwise plan", "pass --serve (the context is --prompt-tokens + --output-tokens), or "
                            "run gpuwise plan --task decode --context N")
     serving = serve or task == "infer"
-    sort = sort if sort is not None else "cost" if serving else "time"  # --sort '' is a slip, not the default
-    if sort not in ("time", "cost", "energy"):
+    if sort is not None and sort not in ("time", "cost", "energy"):  # --sort '' is a slip, not the default
         raise GpuwiseError(f"--sort {sort!r} is not one of time, cost, energy", "pass --sort cost")
     if (epochs is None) != (dataset_size is None):
         raise GpuwiseError("--epochs and --dataset-size go together", "pass both, e.g. --epochs 3 "
@@ -163,12 +166,13 @@ def recommend(
     from gpuwise.files import model_files
     from gpuwise.hardware.calibration import cache_dir, load_calibrations
     from gpuwise.hardware.catalog import load_catalog
-    from gpuwise.planning import Setup
-    from gpuwise.recommend import Constraints, Goal, Traffic, read_prices
+    from gpuwise.planning.setup import Setup
+    from gpuwise.recommend.prices import read_prices
+    from gpuwise.recommend.request import Constraints, Goal
 
     catalog = load_catalog()
     if model is None and hf_config is None:  # no workload: the guide, computed
-        from gpuwise.recommend import guide
+        from gpuwise.recommend.guide import guide
 
         if prices or plot or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu, segment,
                                                           vendor, ecosystem)):
@@ -196,21 +200,21 @@ def recommend(
         if trained:
             raise GpuwiseError(f"{trained[0]} has no meaning when serving",
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
-        traffic = Traffic(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
-                          tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
-                          tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or "bf16")
-        from gpuwise.planning.sources import resolve_source
-        from gpuwise.recommend import serve as rank_serving
+        traffic = Traffic(**_given(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
+                                   tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
+                                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights))
+        from gpuwise.planning.sources.resolve import resolve_source
+        from gpuwise.recommend.serve import serve as rank_serving
 
-        result = rank_serving(resolve_source(model, hf_config), traffic, constraints, batch=batch or 1,
-                              precision=precision, image_size=image_size, sort=sort, goal=goal,  # type: ignore[arg-type]
+        result = rank_serving(resolve_source(model, hf_config), traffic, constraints, precision=precision,
+                              image_size=image_size, goal=goal, **_given(batch=batch, sort=sort),
                               catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
         _show(result, plot, json_out)
         return
     served = [f for f, v in (("--weights", weights), ("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms),
-                             ("--tokens-per-s", tokens_per_s), ("--concurrency", concurrency != 1),
-                             ("--prompt-tokens", prompt_tokens != 512), ("--output-tokens", output_tokens != 256))
-              if v not in (None, False)]
+                             ("--tokens-per-s", tokens_per_s), ("--concurrency", concurrency),
+                             ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens))
+              if v is not None]
     if served:
         raise GpuwiseError(f"{served[0]} applies to serving", f"add --serve, or drop {served[0]}")
     given = {"task": task, "seq": seq, "image_size": image_size, "checkpointing": checkpointing,
@@ -225,15 +229,20 @@ def recommend(
         raise GpuwiseError(f"{lora_given[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
     given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
     given = Setup.recipe_defaults(given)  # QLoRA as PEFT runs it: checkpointing on unless given
-    setup = Setup.for_batch(batch=batch or 64, micro_batch=batch or 64,
-                            **{k: v for k, v in given.items() if v is not None and k != "sharding"})
-    from gpuwise.planning.sources import resolve_source
-    from gpuwise.recommend import recommend as rank
+    setup = Run(**_given(batch=batch), options={k: v for k, v in given.items() if v is not None and k != "sharding"}
+                ).setup()
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.recommend.search import recommend as rank
 
     result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
-                  sharding=sharding, checkpointing_given=given["checkpointing"] is not None, sort=sort,  # type: ignore[arg-type]
+                  sharding=sharding, checkpointing_given=given["checkpointing"] is not None, **_given(sort=sort),
                   catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
     _show(result, plot, json_out)
+
+
+def _given(**options):
+    """The options the user gave (None: not given, so the dataclass's default holds)."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def _show(result, plot: str | None, json_out: bool) -> None:

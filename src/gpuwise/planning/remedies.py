@@ -208,15 +208,33 @@ class Step:
     name: Callable[[Setup], str]  # the row's name, from the setup the change gives
     keep: bool = True  # the steps after build on it (FSDP and LoRA do not: LoRA starts from the one-GPU step)
     while_short: bool = False  # only while the rows before leave no room to spare
+    # the change as a search that sizes the batch and picks the GPUs itself tries it (recommend): no fit needed;
+    # None where the search decides it otherwise (the precision per GPU, the micro-batch per count)
+    setting: Callable[[Setup], Setup | None] | None = None
+    knob: str = ""  # the Setup field the step sets: a search leaves the step out where the user gave that field
+
+
+def _whole_blocks(s: Setup) -> Setup | None:
+    """Checkpointing in a search: every block whole (judging selective's room takes a fit)."""
+    return replace(s, checkpointing="full") if s.checkpointing == "none" else None
+
+
+def _sharded(s: Setup) -> Setup | None:
+    """FSDP in a search over GPU counts: the same GPUs, the states sharded (as ``fsdp``, not with the optimizer in
+    backward, nor across nodes)."""
+    if s.gpus == 1 or s.sharding == "fsdp" or s.optimizer_in_backward or s.nodes > 1:
+        return None
+    return replace(s, sharding="fsdp")
 
 
 TRAINING: tuple[Step, ...] = (
-    Step(change=mixed_precision, name=lambda s: f"{s.spec.compute} mixed precision"),
+    Step(change=mixed_precision, name=lambda s: f"{s.spec.compute} mixed precision", knob="precision"),
     Step(change=checkpointing, name=lambda s: "activation checkpointing"
-         + (" (selective: torchtitan's op policy)" if s.checkpointing == "selective" else "")),
+         + (" (selective: torchtitan's op policy)" if s.checkpointing == "selective" else ""),
+         setting=_whole_blocks, knob="checkpointing"),
     Step(change=accumulation, while_short=True,
          name=lambda s: f"micro-batch {s.micro_batch} x {s.grad_accum} accumulation (same batch)"),
-    Step(change=fsdp, keep=False, while_short=True, name=_fsdp_name),
+    Step(change=fsdp, keep=False, while_short=True, name=_fsdp_name, setting=_sharded, knob="sharding"),
     Step(change=lora, keep=False, name=lambda s: f"LoRA rank {s.lora_rank}, {_where(s)} (fine-tuning only)"),
     Step(change=qlora, keep=False, name=lambda s: f"QLoRA, 4-bit base, {_where(s)} (fine-tuning only)"),
 )
@@ -225,6 +243,21 @@ INFERENCE: tuple[Step, ...] = (
     Step(change=quantized_weights,
          name=lambda s: f"{s.weights} weights in the blocks (embeddings and head {_rest_dtype(s)})"),
 )
+
+
+def settings(setup: Setup, *, given: frozenset[str] = frozenset()) -> list[Setup]:
+    """The setups a search tries on a fixed number of GPUs, in the remedies' order: each step's ``setting`` that
+    applies, a later step only once every combination of the earlier ones was tried; a step whose ``knob`` the
+    user ``given`` is left out.
+
+    >>> [(s.sharding, s.checkpointing) for s in settings(Setup(gpus=2))]
+    [('ddp', 'none'), ('ddp', 'full'), ('fsdp', 'none'), ('fsdp', 'full')]
+    """
+    out = [setup]
+    for step in TRAINING:
+        if step.setting is not None and step.knob not in given:
+            out += [changed for s in out if (changed := step.setting(s)) is not None]
+    return out
 
 
 def remedies(setup: Setup, gpu: Gpu) -> tuple[Remedy, ...]:

@@ -11,7 +11,8 @@ from rich.table import Table
 from gpuwise.render._common import _num, to_jsonable
 
 if TYPE_CHECKING:
-    from gpuwise.recommend import Guide, Option, Recommendation
+    from gpuwise.recommend.guide import Guide
+    from gpuwise.recommend.option import Option, Recommendation
 
 SHOWN = 15  # rows in the table; --json has every one
 
@@ -42,7 +43,7 @@ def _rate(x: float | None) -> str:
 
 def _settings(o: Option) -> str:
     """The run in a few words: sharding, checkpointing, precision if not bf16 autocast, micro-batch x accumulation."""
-    s = o.setup
+    s = o.to_dict()["setup"]  # a training row's run; None for a row left out (and a serving row)
     if s is None:
         return "-"
     parts = [s.sharding] if s.gpus > 1 else []
@@ -203,16 +204,17 @@ def render_recommend(r: Recommendation, console: Console) -> None:
 
 def recommend_json(r: Recommendation) -> dict[str, Any]:
     def row(o: Option) -> dict[str, Any]:
+        d = o.to_dict()  # training's and serving's figures both: this shape has either kind's
         return {"gpu": o.gpu, "name": o.name, "count": o.count, "fits": o.fits, "flags": o.flags,
-                "setup": to_jsonable(o.setup), "step_time_s": o.step_time_s, f"{r.unit}_per_s": o.throughput,
+                "setup": to_jsonable(d["setup"]), "step_time_s": o.step_time_s, f"{r.unit}_per_s": o.throughput,
                 f"{r.unit}_per_s_per_gpu": o.per_gpu, "mfu": o.mfu, "time_to_goal_s": o.time_to_goal_s,
                 "rent_usd_per_gpu_hour": to_jsonable(o.rent_usd_per_hour), "rent_usd": o.rent_usd,
                 "buy_usd": o.buy_usd, "buy_price": to_jsonable(o.buy_price), "energy_kwh": o.energy_kwh,
                 f"{r.unit}_per_joule": o.per_joule, "pareto": o.pareto, "basis": o.basis, "excluded": o.excluded,
                 **({} if r.traffic is None else {
-                    "decode_tokens_per_s": o.per_user, "ttft_s": o.ttft_s, "max_concurrency": o.max_concurrency,
-                    "replicas": o.replicas, "gpus_total": o.gpus_total, "decode_batch": o.decode_batch,
-                    "weight_bytes_read_per_gpu": o.weight_bytes_read})}
+                    "decode_tokens_per_s": d["per_user"], "ttft_s": d["ttft_s"],
+                    "max_concurrency": d["max_concurrency"], "replicas": d["replicas"], "gpus_total": o.gpus_total,
+                    "decode_batch": d["decode_batch"], "weight_bytes_read_per_gpu": d["weight_bytes_read"]})}
 
     return {"workload": {"model": r.model, "setup": to_jsonable(r.setup)},
             "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort, "traffic": to_jsonable(r.traffic),
@@ -266,5 +268,7 @@ def render_guide(g: Guide, console: Console) -> None:
 
 def guide_json(g: Guide) -> dict[str, Any]:
     return {"mode": g.mode, "scenarios": [
-        {"name": s.name, "command": s.command, "fastest": to_jsonable(s.fastest), "cheapest": to_jsonable(s.cheapest),
-         "most_per_joule": to_jsonable(s.most_per_joule)} for s in g.scenarios]}
+        {"name": s.name, "command": s.command, **{pick: None if o is None else to_jsonable(o.to_dict()) for pick, o in
+                                                  (("fastest", s.fastest), ("cheapest", s.cheapest),
+                                                   ("most_per_joule", s.most_per_joule))}}
+        for s in g.scenarios]}

@@ -1,0 +1,112 @@
+"""The rows recommend ranks: one accelerator at one count, for training (the run that fits) or serving (replicas
+of a tensor-parallel group), and the ranking they make together.
+
+>>> r.rows[0].gpu, r.rows[0].time_to_goal_s                                           # doctest: +SKIP
+('h100-sxm', 3600.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpuwise.planning.setup import Setup
+from gpuwise.recommend.prices import Price
+from gpuwise.recommend.request import Constraints, Goal, SortKey, Traffic
+
+if TYPE_CHECKING:  # loads torch
+    from gpuwise.planning.experts import Experts
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """What every row has: one accelerator at one count, how fast, and what it costs. ``excluded`` says why a
+    row is not among the recommendations (then the figures may be missing)."""
+
+    gpu: str  # catalog key
+    name: str
+    count: int
+    fits: bool
+    flags: str  # the flags to paste into gpuwise plan / gpuwise train for this row
+    step_time_s: float | None  # training: an optimizer step; serving: a time per output token (or per batch)
+    throughput: float | None  # tokens/s (or samples/s) over all the GPUs
+    mfu: float | None
+    time_to_goal_s: float | None
+    rent_usd_per_hour: Price | None  # per GPU
+    rent_usd: float | None  # the whole job
+    buy_usd: float | None  # every GPU
+    buy_price: Price | None
+    energy_kwh: float | None  # at board power (TDP): an upper bound
+    per_joule: float | None  # tokens (or samples) per joule at board power
+    basis: str
+    excluded: str | None = None
+    pareto: bool = False
+
+    @property
+    def gpus_total(self) -> int:
+        return self.count
+
+    @property
+    def per_gpu(self) -> float | None:
+        return None if self.throughput is None else self.throughput / self.gpus_total
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every figure by its name, training's and serving's both (None where this kind has none), in one order:
+        the shape a guide's picks are written in. Shallow: a Setup or a Price stays one."""
+        serving = self if isinstance(self, ServingOption) else None
+        return {"gpu": self.gpu, "name": self.name, "count": self.count, "fits": self.fits,
+                "setup": self.setup if isinstance(self, TrainingOption) else None, "flags": self.flags,
+                "step_time_s": self.step_time_s, "throughput": self.throughput, "mfu": self.mfu,
+                "time_to_goal_s": self.time_to_goal_s, "rent_usd_per_hour": self.rent_usd_per_hour,
+                "rent_usd": self.rent_usd, "buy_usd": self.buy_usd, "buy_price": self.buy_price,
+                "energy_kwh": self.energy_kwh, "per_joule": self.per_joule, "basis": self.basis,
+                "excluded": self.excluded, "pareto": self.pareto,
+                **{name: getattr(serving, name, None) for name in SERVING_FIELDS}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingOption(Option):
+    """A training row: the settings that fit (micro-batch, accumulation, precision, checkpointing, sharding)."""
+
+    setup: Setup | None = None  # None: left out before a run was found
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingOption(Option):
+    """A serving row: one replica is ``count`` GPUs (tensor parallel); ``throughput`` is over every replica."""
+
+    per_user: float | None = None  # output tokens/s each user sees (1 / time per output token)
+    ttft_s: float | None = None
+    max_concurrency: int | None = None  # sequences one replica's memory holds at the full context
+    replicas: int | None = None
+    decode_batch: int | None = None  # sequences a replica decodes in one step (a decoder)
+    weight_bytes_read: float | None = None  # by one GPU in that step: all its weights, a MoE's experts touched
+
+    @property
+    def gpus_total(self) -> int:
+        return self.count * (self.replicas or 1)
+
+
+SERVING_FIELDS = ("per_user", "ttft_s", "max_concurrency", "replicas", "decode_batch", "weight_bytes_read")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    model: str
+    setup: Setup  # as the user gave it (the global batch is kept on every row)
+    goal: Goal
+    constraints: Constraints
+    unit: str  # "tokens" or "samples"
+    sort: SortKey
+    rows: tuple[Option, ...]  # ranked, fastest (or cheapest) first
+    excluded: tuple[Option, ...]
+    traffic: Traffic | None = None  # serving: what the replicas must sustain
+    uneven_counts: tuple[int, ...] = ()  # GPU counts in range not tried: the global batch does not split over them
+    # a Mixture of Experts: its routed experts (total and active parameters), and the routing its figures assume
+    # (training: the captured step's, as plan reports it; serving: serving.UNIFORM_ROUTING)
+    experts: Experts | None = None
+    routing: str | None = None
+
+    @property
+    def best(self) -> Option | None:
+        return self.rows[0] if self.rows else None

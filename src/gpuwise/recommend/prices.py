@@ -1,0 +1,128 @@
+"""What a row costs: the rent or purchase price of its GPUs (the user's quotes first, then the catalog's), the
+rent for the job, and the energy at board power.
+
+>>> costs(acc, gpus=8, throughput=1e5, hours=1.0, rent={}, buy={}).energy_kwh            # doctest: +SKIP
+5.6
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    usd: float
+    source: str
+    date: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Costs:
+    """The money and energy of ``gpus`` GPUs running for a job (``seconds``; None: no goal, so no job figures)."""
+
+    rent_usd_per_hour: Price | None  # per GPU
+    rent_usd: float | None  # the whole job
+    buy_usd: float | None  # every GPU
+    buy_price: Price | None
+    energy_kwh: float | None  # at board power (TDP): an upper bound
+    per_joule: float | None  # tokens (or samples) per joule at board power
+
+    def fields(self) -> dict[str, Any]:
+        """The figures by name, shallow (a Price stays a Price): an Option's cost fields."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def rent_price(acc: Accelerator, quotes: Mapping[str, Price]) -> Price | None:
+    """USD per GPU-hour: the user's quote, else the catalog's cloud price."""
+    if acc.key in quotes:
+        return quotes[acc.key]
+    if acc.cloud_usd_per_hour:
+        return Price(usd=acc.cloud_usd_per_hour, source=acc.cloud_price_source or "catalog",
+                     date=acc.cloud_price_date)
+    return None
+
+
+def buy_price(acc: Accelerator, quotes: Mapping[str, Price]) -> Price | None:
+    """USD per GPU: the user's quote, else the street price, else the launch price."""
+    if acc.key in quotes:
+        return quotes[acc.key]
+    if acc.street_price_usd:
+        return Price(usd=acc.street_price_usd, source=acc.street_price_source or "catalog",
+                     date=acc.street_price_date)
+    if acc.launch_price_usd:
+        return Price(usd=acc.launch_price_usd, source="launch price",
+                     date=str(acc.launch_year) if acc.launch_year else None)
+    return None
+
+
+def costs(acc: Accelerator, *, gpus: int, throughput: float, hours: float | None, rent: Mapping[str, Price],
+          buy: Mapping[str, Price]) -> Costs:
+    """``gpus`` of ``acc`` doing ``throughput`` units a second (over all of them) for ``hours`` (None: no goal)."""
+    per_hour, price = rent_price(acc, rent), buy_price(acc, buy)
+    watts = acc.tdp_w * gpus if acc.tdp_w else None
+    return Costs(rent_usd_per_hour=per_hour,
+                 rent_usd=None if per_hour is None or hours is None else per_hour.usd * gpus * hours,
+                 buy_usd=None if price is None else price.usd * gpus, buy_price=price,
+                 energy_kwh=None if watts is None or hours is None else watts * hours / 1000,
+                 per_joule=None if watts is None else throughput / watts)
+
+
+# -- the user's prices ---------------------------------------------------------------------------------------
+
+_DATE = re.compile(r"^\d{4}(-\d{2}){0,2}$")
+
+
+def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[str, Price], dict[str, Price]]:
+    """A CSV of the user's quotes: a header ``gpu,rent_usd_per_hour,buy_usd[,date]`` (either price may be empty),
+    one row per GPU (any name the catalog knows). Returns (rent, buy) keyed by catalog key."""
+    catalog = catalog or load_catalog()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")  # Excel's "CSV UTF-8" starts with a byte-order mark
+        rows = list(csv.reader(text.splitlines()))
+    except OSError as exc:
+        raise GpuwiseError(f"--prices {path}: {exc.strerror or exc}", "pass a readable CSV file") from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise GpuwiseError(f"--prices {path} is not a text CSV file ({type(exc).__name__})",
+                           "save it as CSV (UTF-8): gpu,rent_usd_per_hour,buy_usd[,date]") from exc
+    header = [h.strip().lower() for h in rows[0]] if rows else []
+    if not header or header[0] != "gpu" or not {"rent_usd_per_hour", "buy_usd"} & set(header):
+        raise GpuwiseError(f"--prices {path}: the first line must be gpu,rent_usd_per_hour,buy_usd[,date]",
+                           "write the header, then one GPU per line, e.g. rtx-4090,0.69,1599,2026-11")
+    rent: dict[str, Price] = {}
+    buy: dict[str, Price] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        cells = dict(zip(header, (cell.strip() for cell in row), strict=False))
+        acc = catalog.find(cells.get("gpu", ""))
+        if acc is None:
+            raise GpuwiseError(f"--prices {path} line {line}: unknown GPU {cells.get('gpu', '')!r}",
+                               "use a name from 'gpuwise gpus'")
+        date = cells.get("date") or None
+        if date is not None and not _DATE.match(date):
+            raise GpuwiseError(f"--prices {path} line {line}: date {date!r} is not YYYY-MM-DD",
+                               "write the date the quote was given, e.g. 2026-11-30")
+        for column, into in (("rent_usd_per_hour", rent), ("buy_usd", buy)):
+            value = cells.get(column, "")
+            if not value:
+                continue
+            try:
+                usd = float(value)
+            except ValueError:
+                usd = math.nan
+            if not (math.isfinite(usd) and usd > 0):
+                raise GpuwiseError(f"--prices {path} line {line}: {column} {value!r} is not a positive number",
+                                   "write plain dollars, e.g. 1.99")
+            into[acc.key] = Price(usd=usd, source=f"your quote ({p.name})", date=date)
+    return rent, buy

@@ -1,0 +1,125 @@
+"""What recommend is asked: the goal, the serving traffic, the user's limits and filters, and the training run
+(each a frozen dataclass that holds its defaults; the CLI passes only what the user gave).
+
+>>> Constraints(mode="rent", max_gpus=8, segments=("datacenter",)).max_gpus
+8
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+from gpuwise.errors import GpuwiseError
+from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS
+from gpuwise.planning.setup import Setup, Weights
+from gpuwise.recommend.prices import Price
+
+COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# serving.WEIGHT_BYTES' keys, named without importing it (it loads torch): plan's formats, fp32 and llama.cpp's Q4_K_M
+SERVED_WEIGHTS = ("fp32", *get_args(Weights), "q4_k_m")
+Mode = Literal["rent", "buy"]
+SortKey = Literal["time", "cost", "energy"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goal:
+    """How much work: tokens (language models) or samples, to train or fine-tune on."""
+
+    tokens: float | None = None
+    samples: float | None = None
+
+    def __post_init__(self) -> None:
+        given = [(n, v) for n, v in (("tokens", self.tokens), ("samples", self.samples)) if v is not None]
+        if len(given) > 1:
+            raise GpuwiseError("--tokens and --samples both set the goal", "give one of them")
+        for name, value in given:
+            if not (math.isfinite(value) and value > 0):
+                raise GpuwiseError(f"--{name} {value:g} is not a positive number", f"pass e.g. --{name} 1e9")
+
+    @property
+    def unit(self) -> str:
+        return "samples" if self.samples is not None else "tokens"
+
+    @property
+    def amount(self) -> float | None:
+        return self.samples if self.samples is not None else self.tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class Traffic:
+    """Serving: requests of ``prompt_tokens`` in and ``output_tokens`` out, ``concurrency`` users at once (or an
+    aggregate ``tokens_per_s`` of output), within optional latency targets, with weights stored as ``weights``."""
+
+    prompt_tokens: int = 512
+    output_tokens: int = 256
+    concurrency: int = 1
+    tokens_per_s: float | None = None
+    ttft_s: float | None = None  # time to first token
+    tpot_s: float | None = None  # time per output token
+    weights: str = "bf16"  # weight-only format: fp32, fp16, bf16, fp8, int8, int4, nf4
+
+    def __post_init__(self) -> None:
+        for name, value, limit in (("--prompt-tokens", self.prompt_tokens, 1 << 24),
+                                   ("--output-tokens", self.output_tokens, 1 << 24),
+                                   ("--concurrency", self.concurrency, 1 << 24)):
+            if not 1 <= value <= limit:
+                raise GpuwiseError(f"{name} {value} is outside 1..{limit}", f"pass e.g. {name} 256")
+        for name, value, scale in (("--tokens-per-s", self.tokens_per_s, 1), ("--ttft-ms", self.ttft_s, 1e3),
+                                   ("--tpot-ms", self.tpot_s, 1e3)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise GpuwiseError(f"{name} {value * scale:g} is not a positive number", f"pass e.g. {name} 50")
+        if self.weights not in SERVED_WEIGHTS:
+            raise GpuwiseError(f"--weights {self.weights!r} is not one of {', '.join(SERVED_WEIGHTS)}",
+                               "pass --weights int4 (GPTQ/AWQ) or --weights bf16")
+
+    @property
+    def context(self) -> int:
+        """Tokens a sequence holds in its KV cache at the end."""
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraints:
+    """What the user rules out. Empty tuples mean "any"."""
+
+    mode: Mode = "rent"
+    budget_usd: float | None = None  # for the job when renting, for the GPUs when buying
+    deadline_s: float | None = None
+    max_gpus: int | None = None
+    gpus: tuple[str, ...] = ()  # catalog keys
+    segments: tuple[str, ...] = ()
+    vendors: tuple[str, ...] = ()
+    ecosystem: str | None = None  # "cuda": leave out stacks that need a port
+    rent: Mapping[str, Price] = field(default_factory=dict)  # catalog key -> USD per GPU-hour (the user's quotes)
+    buy: Mapping[str, Price] = field(default_factory=dict)  # catalog key -> USD per GPU
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("rent", "buy"):
+            raise GpuwiseError(f"unknown cost mode {self.mode!r}", "pass --rent or --buy")
+        for name, value in (("--budget", self.budget_usd), ("--deadline", self.deadline_s)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise GpuwiseError(f"{name} {value:g} is not a positive number", f"pass e.g. {name} 1000")
+        if self.max_gpus is not None and not 1 <= self.max_gpus <= COUNTS[-1]:
+            raise GpuwiseError(f"--max-gpus {self.max_gpus} is outside 1..{COUNTS[-1]}", "pass e.g. --max-gpus 8")
+        if bad := [s for s in self.segments if s not in SEGMENTS]:
+            raise GpuwiseError(f"unknown --segment {bad[0]!r}", f"use one of {', '.join(SEGMENTS)}")
+        if bad := [v for v in self.vendors if v.lower() not in {x.lower() for x in VENDORS}]:
+            raise GpuwiseError(f"unknown --vendor {bad[0]!r}", f"use one of {', '.join(VENDORS)}")
+        if self.ecosystem is not None and self.ecosystem not in ECOSYSTEMS:
+            raise GpuwiseError(f"unknown --ecosystem {self.ecosystem!r}", f"use one of {', '.join(ECOSYSTEMS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """The training run to rank, as the user gave it: the global batch, kept on every row (each GPU count splits
+    it), and the Setup fields given (task, seq, precision, ...; what is not given keeps Setup's default)."""
+
+    batch: int = 64
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def setup(self) -> Setup:
+        """The run on one GPU, the whole batch in one micro-batch: the search splits it per GPU count."""
+        return Setup.for_batch(batch=self.batch, micro_batch=self.batch, **self.options)
