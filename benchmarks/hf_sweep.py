@@ -298,7 +298,7 @@ def real_params(config: dict, task: str, *, run: bool = True) -> int:
     of it run there (a config that builds but cannot run is no test of the planner). Else on the meta device."""
     import torch
 
-    from gpuwise.planning.sources import _real_masks
+    from gpuwise.planning.sources.hf import _real_masks
 
     model = build_real(config, device="cpu" if run else "meta")
     if run:
@@ -389,7 +389,7 @@ def memtracker_peak(config: dict, task: str) -> int:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from gpuwise.optim import param_groups
-    from gpuwise.planning.sources import _real_masks
+    from gpuwise.planning.sources.hf import _real_masks
 
     torch.manual_seed(0)
     model = build_real(config, device="cpu").train()

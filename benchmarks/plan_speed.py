@@ -19,7 +19,7 @@ from gpuwise.models import get_model
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 
 
 def cli_seconds(*args: str) -> float:

@@ -40,7 +40,7 @@ from gpuwise.planning.cost import step as costmodel
 from gpuwise.planning.cost.serving import decode_time
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.precision import same_bytes
 
 GiB = 2**30

@@ -24,7 +24,7 @@ from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.cost import step as costmodel
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.units import GiB
 
 

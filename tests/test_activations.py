@@ -14,7 +14,7 @@ from torch import nn
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import Built
+from gpuwise.planning.sources.base import Built
 
 S, B, H, A = 512, 2, 1024, 16  # sequence, micro-batch, hidden, heads
 P = 0.1  # dropout everywhere the paper has it

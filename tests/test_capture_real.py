@@ -14,7 +14,7 @@ from gpuwise.models.gpt import GPTConfig
 from gpuwise.optim import param_groups
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 
 SMALL_GPT = ZooSource(zoo=replace(get_model("gpt2"), config=GPTConfig(n_layer=2, n_head=4, n_embd=256,
                                                                        vocab_size=4096, block_size=256)))

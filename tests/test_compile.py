@@ -13,14 +13,14 @@ from dataclasses import replace
 import pytest
 import torch
 
+import gpuwise.planning.transforms.compiled as compiled
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import get_model
 from gpuwise.models.llama import Llama, LlamaConfig
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.tracker import ALLOCATOR_ROUND_BYTES, CATEGORIES
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
-from gpuwise.planning.transforms import compiled
+from gpuwise.planning.sources.zoo import ZooSource
 
 B, S, DIM, HEADS, KV_HEADS, FFN, VOCAB = 2, 64, 128, 4, 2, 256, 97
 CFG = LlamaConfig(n_layer=2, n_head=HEADS, n_kv_head=KV_HEADS, dim=DIM, ffn_dim=FFN, vocab_size=VOCAB)

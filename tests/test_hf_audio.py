@@ -77,7 +77,7 @@ def _memtracker_peak(cfg: dict, inputs: dict) -> int:
     its optimizer state already made; LayerDrop off as in the plan (every layer runs)."""
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
     from gpuwise.optim import param_groups
-    from gpuwise.planning.sources import _real_masks
+    from gpuwise.planning.sources.hf import _real_masks
 
     torch.manual_seed(0)
     model = _real(cfg, "cpu").train()
@@ -134,7 +134,8 @@ def test_speech_model_peak_against_memtracker(name):
 def test_audio_is_made_as_the_models_take_it():
     """Whisper's clip is fixed by its positions, wav2vec2's CTC frames are the feature encoder's (transformers' own
     output-length formula), the transcript's default fits them."""
-    from gpuwise.planning.sources import hf_audio, hf_inputs
+    import gpuwise.planning.sources.hf_audio as hf_audio
+    import gpuwise.planning.sources.hf_inputs as hf_inputs
 
     whisper, w2v = _real(WHISPER), _real(WAV2VEC2)
     cls = type(w2v)

@@ -18,7 +18,7 @@ from conftest import run_cli
 from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.workload import simulate
-from gpuwise.planning.sources import HFSource
+from gpuwise.planning.sources.hf import HFSource
 from gpuwise.render.plan import plan_json
 
 DATA = Path(__file__).parent / "data"

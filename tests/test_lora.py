@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-import gpuwise.planning.transforms as T
+import gpuwise.planning.transforms.qlora as qlora_module
 from conftest import run_cli
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import get_model
@@ -20,7 +20,9 @@ from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.fit import OVERHEAD_BYTES
 from gpuwise.planning.planner import Planner
 from gpuwise.planning.remedies import setup_flags
-from gpuwise.planning.sources import HFSource, ZooSource
+from gpuwise.planning.sources.hf import HFSource
+from gpuwise.planning.sources.zoo import ZooSource
+from gpuwise.planning.transforms.lora import UnevenTargets, select_targets
 from gpuwise.units import GiB
 
 ACT, WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
@@ -71,11 +73,11 @@ def test_hugging_face_llama_takes_the_same_targets_and_counts():
 def test_all_linear_leaves_out_the_head_only():
     with torch.device("meta"):
         bert, llama = get_model("bert-base").instantiate(2), get_model("llama2-7b").instantiate(2)
-    linears, chosen, head = T.select_targets(bert, bert.blocks, "all-linear")
+    linears, chosen, head = select_targets(bert, bert.blocks, "all-linear")
     assert head == "classifier" and set(linears) - chosen == {"classifier"}  # the pooler is a target (PEFT's too)
-    linears, chosen, head = T.select_targets(llama, llama.blocks, "all-linear")
+    linears, chosen, head = select_targets(llama, llama.blocks, "all-linear")
     assert head == "output" and set(linears) - chosen == {"output"}
-    _, chosen, _ = T.select_targets(llama, llama.blocks, "all-linear,output")  # the head when named
+    _, chosen, _ = select_targets(llama, llama.blocks, "all-linear,output")  # the head when named
     assert chosen == set(linears)
 
 
@@ -89,9 +91,9 @@ def test_short_names_suffixes_and_patterns(targets, leaves):
         model = get_model("llama2-7b").instantiate(2)
     if not leaves:  # a module that is not a linear layer: nothing to adapt
         with pytest.raises(Exception, match="matches no linear layer"):
-            T.select_targets(model, model.blocks, targets)
+            select_targets(model, model.blocks, targets)
         return
-    _, chosen, _ = T.select_targets(model, model.blocks, targets)
+    _, chosen, _ = select_targets(model, model.blocks, targets)
     assert {n.rpartition(".")[2] for n in chosen} == leaves
     assert len(chosen) == 2 * len(leaves)  # in both blocks
 
@@ -104,8 +106,8 @@ def test_targets_that_differ_between_blocks_capture_the_whole_model():
     assert w.trainable_params == 2 * 8 * (2048 + 2048)
     with torch.device("meta"):
         model = zoo.instantiate(3)
-    with pytest.raises(T.UnevenTargets):
-        T.select_targets(model, model.blocks, "re:blocks\\.(0|1)\\..*", depth=16)
+    with pytest.raises(UnevenTargets):
+        select_targets(model, model.blocks, "re:blocks\\.(0|1)\\..*", depth=16)
 
 
 # --- dropout -----------------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def test_old_bitsandbytes_kept_every_4_bit_layers_input(monkeypatch):
     c = get_model("llama2-7b").config
     setup = Setup(**{**LITGPT, "micro_batch": 1, "seq": 32}, qlora=True, qlora_recipe="plain")
     today = at_end_of_forward(simulate(ZooSource(zoo=get_model("llama2-7b")), setup, batch_model=False))[ACT]
-    monkeypatch.setattr(T, "BNB_SAVES_INPUT", True)
+    monkeypatch.setattr(qlora_module, "BNB_SAVES_INPUT", True)
     monkeypatch.setenv("GPUWISE_CACHE", "off")  # the capture cache keys the code, not this switch
     old = at_end_of_forward(simulate(ZooSource(zoo=get_model("llama2-7b")), setup, batch_model=False))[ACT]
     # kept in bf16: the input of w1/w3 (one tensor, dim) and of w2 (ffn) in every block, and of wq/wk/wv (one
@@ -200,7 +202,7 @@ def parsed(capsys, monkeypatch, command: str, flags: list[str]) -> tuple[Setup, 
     if command == "plan":
         monkeypatch.setattr(importlib.import_module("gpuwise.planning.planner"), "plan_model", record)
     else:
-        monkeypatch.setattr(importlib.import_module("gpuwise.recommend"), "recommend", record)
+        monkeypatch.setattr(importlib.import_module("gpuwise.recommend.search"), "recommend", record)
     code, _, err = run_cli(capsys, command, "--model", "llama2-7b", "--task", "finetune-lora", *flags)
     assert code == 2 and seen, err
     return seen[0]
@@ -276,5 +278,16 @@ def test_json_plan_carries_the_setup(capsys):
 def test_peft_recipe_on_an_image_model_in_pure_bf16():
     """prepare_model_for_kbit_training leaves a ViT's patch embedding (a Conv2d, not quantised) in fp32, so the
     images it takes are fp32 even when the run is pure bf16 elsewhere: planned, not refused with a dtype clash."""
-    p = plan_model("vit-b16", Setup(task="finetune-lora", qlora=True, precision="bf16"), gpu="h100")
+    from gpuwise.planning.capture.tracker import KINDS
+
+    setup = Setup(task="finetune-lora", qlora=True, precision="bf16")
+    p = plan_model("vit-b16", setup, gpu="h100")
     assert p.trainable_params < p.params and p.peak_bytes > 0
+    capture = simulate(ZooSource(zoo=get_model("vit-b16")), setup, batch_model=False).captures[0][0]
+    b, patches, dim, patch_in = capture.batch, 14 * 14, 768, 3 * 16 * 16  # 224x224 images in 16x16 patches
+    # the patch convolution, found by its FLOPs: 2 x 196 patches x 768 outputs x 768 inputs a patch, per image
+    (conv,) = [i for i, (f, phase) in enumerate(zip(capture.rows.flops, capture.rows.phase, strict=True))
+               if f == 2 * b * patches * dim * patch_in and phase == 0]
+    assert KINDS[capture.rows.kind[conv]] == "matmul-fp32"
+    # it reads the images, its weight and bias and writes its output, all 4 bytes an element (bf16 would be 2)
+    assert capture.rows.bytes[conv] == 4 * (b * 3 * 224 * 224 + dim * patch_in + dim + b * patches * dim)

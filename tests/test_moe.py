@@ -16,7 +16,7 @@ from gpuwise.planning.capture.autocast import CudaEmulation
 from gpuwise.planning.capture.routing import ASSUMPTION, BalancedRouting, balanced_topk
 from gpuwise.planning.capture.tracker import Tracker
 from gpuwise.planning.capture.workload import simulate
-from gpuwise.planning.sources import HFSource
+from gpuwise.planning.sources.hf import HFSource
 
 DATA = Path(__file__).parent / "data"
 # hidden 64, expert width 128, 4 experts top-2, 4 heads of 16 (2 KV heads), vocabulary 1000, 2 blocks

@@ -14,7 +14,7 @@ from gpuwise.planning import Setup
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.cost.serving import DecodeRead
 from gpuwise.planning.planner import Planner
-from gpuwise.planning.sources import HFSource
+from gpuwise.planning.sources.hf import HFSource
 
 H, FFN, E, K, V, LAYERS = 64, 128, 4, 2, 1000, 2
 MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": V, "hidden_size": H,

@@ -15,10 +15,10 @@ from conftest import run_cli
 from gpuwise.planning import Setup
 from gpuwise.planning.capture.routing import balanced_topk
 from gpuwise.planning.capture.tracker import CATEGORIES
-from gpuwise.planning.parallel import AllToAll, hot_rank_factor
+from gpuwise.planning.parallel.expert import AllToAll, hot_rank_factor
 from gpuwise.planning.parallel.sharding import state_divisor
 from gpuwise.planning.planner import Planner
-from gpuwise.planning.sources import HFSource
+from gpuwise.planning.sources.hf import HFSource
 
 pytest.importorskip("transformers")
 
@@ -117,9 +117,9 @@ def _experts_module(cfg: dict):
     config = transformers.AutoConfig.for_model(**cfg)
     with torch.device("meta"):
         model = getattr(transformers, cfg["architectures"][0])(config)
-    from gpuwise.planning.parallel import _routed_modules
+    from gpuwise.planning.experts import routed_modules
 
-    return _routed_modules(model)[0]
+    return routed_modules(model)[0]
 
 
 # (config, {parameter: (shape whole, shape on one of --tp 2 ranks)}) at hidden 64, expert width 128, 4 experts: the
@@ -147,7 +147,7 @@ LAYOUTS = [
 
 @pytest.mark.parametrize(("cfg", "shapes"), LAYOUTS, ids=lambda c: c.get("model_type", ""))
 def test_tensor_parallel_cuts_each_expert_layout_along_its_ffn_width(cfg, shapes):
-    from gpuwise.planning.parallel import shard_experts
+    from gpuwise.planning.parallel.expert import shard_experts
 
     name, module = _experts_module(cfg)
     assert {n: tuple(p.shape) for n, p in module.named_parameters()} == {n: whole for n, (whole, _) in shapes.items()}

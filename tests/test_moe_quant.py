@@ -21,7 +21,7 @@ DEEPSEEK = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalL
 
 
 def _source(tmp_path, cfg: dict):
-    from gpuwise.planning.sources import HFSource
+    from gpuwise.planning.sources.hf import HFSource
 
     path = tmp_path / f"{cfg['model_type']}.json"
     path.write_text(json.dumps(cfg))
@@ -54,7 +54,7 @@ def test_deepseek_v3_caches_576_values_a_token_a_layer():
     pytest.importorskip("transformers")
     from pathlib import Path
 
-    from gpuwise.planning.sources import HFSource
+    from gpuwise.planning.sources.hf import HFSource
 
     dims = HFSource.from_path(Path(__file__).parent / "data" / "deepseek-v3-config.json").decoder
     # kv_lora_rank 512 + qk_rope_head_dim 64, 61 layers, bf16: 70,272 B a token (DeepSeek-V2 paper, arXiv:2405.04434,
@@ -70,7 +70,7 @@ def mixtral():
     pytest.importorskip("transformers")
     from pathlib import Path
 
-    from gpuwise.planning.sources import HFSource
+    from gpuwise.planning.sources.hf import HFSource
 
     return HFSource.from_path(Path(__file__).parent / "data" / "mixtral-8x7b-config.json")
 
@@ -111,8 +111,8 @@ def test_fp8_experts_quantise_their_tokens_and_make_no_16_bit_copy(tmp_path):
     import torch
 
     from gpuwise.compat import FakeTensorMode, TorchDispatchMode, tree_leaves
+    from gpuwise.planning.capture.blocks import find_blocks
     from gpuwise.planning.capture.step import default_dtype
-    from gpuwise.planning.transforms import find_blocks
     from gpuwise.planning.transforms.quantize import quantize_weights
 
     class Made(TorchDispatchMode):

@@ -15,9 +15,9 @@ from gpuwise.models.gpt import GPTConfig
 from gpuwise.models.llama import LlamaConfig
 from gpuwise.planning import Setup
 from gpuwise.planning.capture.tracker import CATEGORIES
-from gpuwise.planning.parallel import in_flight_micro_batches
+from gpuwise.planning.parallel.layout import in_flight_micro_batches
 from gpuwise.planning.planner import Planner
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 
 ACT = CATEGORIES.index("activations")
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))

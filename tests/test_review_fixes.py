@@ -14,9 +14,10 @@ from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning import Setup
 from gpuwise.planning.cost.serving import DecodeRead, _rate, decode_floor
 from gpuwise.planning.fit import fit_on
-from gpuwise.planning.parallel import check, layout
+from gpuwise.planning.parallel.layout import layout
+from gpuwise.planning.parallel.rank import check
 from gpuwise.planning.remedies import TRAINING
-from gpuwise.planning.transforms import Linear4bit
+from gpuwise.planning.transforms.qlora import Linear4bit
 from gpuwise.planning.transforms.quantize import FORMATS
 from test_parallel import GPT, LLAMA, PLANNERS, SEQ, G, W
 

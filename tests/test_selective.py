@@ -22,7 +22,7 @@ from gpuwise.models.llama import Llama, LlamaConfig
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.parallelize import parallelize
 from gpuwise.units import GiB

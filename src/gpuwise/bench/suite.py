@@ -237,7 +237,7 @@ def _train_step(model: str, batch: int, seq: int, precision: Precision) -> Case:
         from gpuwise.models import get_model
         from gpuwise.planning.capture.workload import simulate
         from gpuwise.planning.setup import Setup
-        from gpuwise.planning.sources import ZooSource
+        from gpuwise.planning.sources.zoo import ZooSource
 
         zoo = get_model(model)
         with torch.device(device):

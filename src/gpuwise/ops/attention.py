@@ -49,7 +49,7 @@ MASK_CACHE_BYTES = 256 * MiB  # the PyTorch path's dense masks, all devices: one
 def _load() -> tuple[ModuleType | None, str]:
     """The Triton kernels' module, or None and why not."""
     try:
-        from gpuwise.ops import _kernels as k
+        import gpuwise.ops._kernels as k
     except ImportError as exc:  # no Triton, or one that does not import (a broken install, a missing library)
         if isinstance(exc, ModuleNotFoundError) and exc.name == "triton":
             return None, "Triton is not installed (pip install triton)"

@@ -56,6 +56,15 @@ class Stack:
         return (self.n_layer - self.small) // self.period
 
 
+def find_blocks(model: nn.Module) -> nn.ModuleList | None:
+    """The model's stack of repeated blocks: ``model.blocks``, else its longest ``nn.ModuleList``."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList) and len(blocks):
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
+    return max(lists, key=len) if lists else None
+
+
 def plan_stack(kinds: Sequence[object] | None, n_layer: int | None) -> Stack | None:
     """The captures that stand for a stack of ``n_layer`` blocks of these ``kinds`` (None: all alike), or None
     where the whole model is captured: too few blocks to scale, or no repeating unit that makes scaling cheaper."""

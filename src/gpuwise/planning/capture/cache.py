@@ -41,7 +41,8 @@ def _code_fingerprint() -> str:
 
 def source_key(source) -> str | None:
     """What identifies ``source``'s model beyond gpuwise's own code; None for a user's file (never kept)."""
-    from gpuwise.planning.sources import HFSource, ZooSource
+    from gpuwise.planning.sources.hf import HFSource
+    from gpuwise.planning.sources.zoo import ZooSource
 
     if isinstance(source, ZooSource):
         return f"zoo {source.zoo.name}"  # zoo models are defined in gpuwise's source files, already hashed
@@ -73,9 +74,10 @@ def key(source, setup, batch: int, n_layer: int | None) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load(name: str | None):
-    """The capture kept under ``name``, or None (not kept, unreadable, or from an incompatible pickle)."""
-    where = folder()
+def load(name: str | None, where: Path | None = None):
+    """The capture kept under ``name`` in ``where`` (default: ``folder()``), or None (not kept, unreadable, or from
+    an incompatible pickle)."""
+    where = folder() if where is None else where
     if name is None or where is None:
         return None
     path = where / f"{name}.pkl"
@@ -93,9 +95,10 @@ def load(name: str | None):
     return hit
 
 
-def store(name: str | None, capture) -> None:
-    """Keep ``capture`` under ``name``, written atomically; any failure to write is ignored."""
-    where = folder()
+def store(name: str | None, capture, where: Path | None = None) -> None:
+    """Keep ``capture`` under ``name`` in ``where`` (default: ``folder()``), written atomically; any failure to write
+    is ignored."""
+    where = folder() if where is None else where
     if name is None or where is None:
         return
     from gpuwise.errors import GpuwiseError

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 from torch import nn
 
-import gpuwise.planning.parallel as parallel
 from gpuwise.compat import (
     FAKE_TENSOR_LOGGER,
     DataDependentOutputException,
@@ -40,14 +39,17 @@ from gpuwise.compat import (
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
 from gpuwise.optim import param_groups
 from gpuwise.planning.capture.autocast import CudaEmulation
+from gpuwise.planning.capture.blocks import find_blocks
 from gpuwise.planning.capture.optimizers import in_backward, init_state, make_optimizer, paged_tensors, state_tensors
 from gpuwise.planning.capture.routing import ASSUMPTION, BalancedRouting
 from gpuwise.planning.capture.tracker import ALLOCATOR_ROUND_BYTES, OpCosts, OpRows, Storages, Tracker
+from gpuwise.planning.parallel.rank import rank_step
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import Built
-from gpuwise.planning.transforms import apply_checkpointing, apply_lora, find_blocks, select_targets
+from gpuwise.planning.sources.base import Built
+from gpuwise.planning.transforms.checkpointing import apply_checkpointing
 from gpuwise.planning.transforms.compiled import apply_compile
 from gpuwise.planning.transforms.float8 import apply_float8
+from gpuwise.planning.transforms.lora import apply_lora, select_targets
 from gpuwise.planning.transforms.quantize import quantize_weights
 
 
@@ -235,7 +237,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
         if not fake or not isinstance(exc.__cause__, (DataDependentOutputException, DynamicOutputShapeException)) \
                 or not getattr(exc, "while_running", False):  # a build that reads a value reads it again
             raise
-    skew = setup.moe_imbalance if setup.ep == 1 else 1.0  # under --ep the busiest rank's rows (parallel.py)
+    skew = setup.moe_imbalance if setup.ep == 1 else 1.0  # under --ep the busiest rank's rows (parallel/expert.py)
     return _record(source, setup, batch=batch, n_layer=n_layer, device=device, fake=fake,
                    routing=BalancedRouting(skew))
 
@@ -256,7 +258,7 @@ def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: st
         # early stop raises through whatever modes are active during recomputation.
         with default_dtype(build_dtype), torch.device(device):
             built: Built = source.build(setup, batch, n_layer)
-            built = parallel.rank_step(built, setup)  # one GPU's slice under --tp/--pp (planning/parallel/)
+            built = rank_step(built, setup)  # one GPU's slice under --tp/--pp (planning/parallel/)
         model = built.model
         params = sum(p.numel() for p in model.parameters())
         blocks = find_blocks(model)

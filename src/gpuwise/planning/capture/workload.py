@@ -7,14 +7,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 import gpuwise.planning.capture.cache as capture_cache
-import gpuwise.planning.parallel as parallel
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning.capture.blocks import Stack, plan_stack
 from gpuwise.planning.capture.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
 from gpuwise.planning.capture.step import Capture, capture
 from gpuwise.planning.capture.tracker import OpCosts
+from gpuwise.planning.parallel.layout import stage_layers
+from gpuwise.planning.parallel.rank import check as check_parallel
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.transforms import UnevenTargets
+from gpuwise.planning.transforms.lora import UnevenTargets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,15 +145,15 @@ def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
 def simulate_if_applicable(source, setup: Setup, *, batch_model: bool = True) -> Workload:
     """``simulate`` for a setup the planner chose (a remedy): one the model cannot take raises NotApplicable."""
     source.check(setup)
-    parallel.check(source, setup)
+    check_parallel(source, setup)
     w = _simulate(source, setup, batch_model)
     experts = getattr(source, "experts", None)
     if experts is None:
         return w
     share = experts.params
     if setup.pp > 1:  # a pipeline stage holds its blocks' share (its blocks are all alike: HFSource.check)
-        share = share * parallel.stage_layers(source.n_layer, setup) // source.n_layer
-    split = setup.ep * setup.tp  # --ep holds E / ep of them, --tp each at ffn / tp (parallel.shard_experts)
+        share = share * stage_layers(source.n_layer, setup) // source.n_layer
+    split = setup.ep * setup.tp  # --ep holds E / ep of them, --tp each at ffn / tp (parallel/expert.py's shard_experts)
     return replace(w, expert_params=share // split, routed=(experts.experts, experts.top_k),
                    expert_bytes=int(share * _expert_bytes_per_param(setup, experts)) // split)
 
@@ -175,7 +176,7 @@ def _simulate(source, setup: Setup, batch_model: bool) -> Workload:
     n_layer = source.n_layer
     whole = None  # the blocks a whole-model capture builds: the model's own, or a pipeline stage's
     if n_layer is not None and setup.pp > 1:
-        n_layer = whole = parallel.stage_layers(n_layer, setup)
+        n_layer = whole = stage_layers(n_layer, setup)
     tokens = source.tokens(setup) * setup.micro_batch * setup.grad_accum // setup.cp  # one GPU's: s / cp under --cp
     # which blocks are alike (a source that does not say, and a pipeline stage, has them all alike)
     stack = plan_stack(getattr(source, "layer_kinds", None) if whole is None else None, n_layer)

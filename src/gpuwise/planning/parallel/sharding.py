@@ -55,7 +55,7 @@ from gpuwise.planning.capture.optimizers import SPECS
 from gpuwise.planning.capture.scaling import Timeline
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.capture.workload import Workload
-from gpuwise.planning.parallel import in_flight
+from gpuwise.planning.parallel.pipeline import in_flight
 from gpuwise.planning.setup import Setup
 
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))

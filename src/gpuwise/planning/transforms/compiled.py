@@ -209,13 +209,13 @@ def _forward_nodes(joint: fx.Graph) -> list[fx.Node]:
 def tag_checkpointing(joint: fx.GraphModule, checkpointing: str) -> None:
     """Mark the joint graph's forward as checkpointing inside ``torch.compile`` does (the ``recompute`` tags that
     dynamo's ``tag_activation_checkpoint`` leaves for the partitioner): ``full`` recomputes every forward op in
-    backward; ``selective`` is torchtitan's op policy (transforms.selective_policy): the outputs of the save list's
+    backward; ``selective`` is torchtitan's op policy (checkpointing.selective_policy): the outputs of the save list's
     ops are kept, except every second mm, and the rest recomputed."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from gpuwise.planning.transforms import _selective_save_list
+    from gpuwise.planning.transforms.checkpointing import selective_save_list
 
-    save_list = _selective_save_list()
+    save_list = selective_save_list()
     matmuls = (aten.mm.default, aten._scaled_mm.default)
     mms = 0
     for n in _forward_nodes(joint.graph):

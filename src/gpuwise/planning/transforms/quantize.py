@@ -21,10 +21,10 @@ The formats, one row each (``FORMATS``), with the tensors the library keeps for 
 - ``fp8``: float8 e4m3 weights with one fp32 scale per tensor, as vLLM's fp8 checkpoints hold them; the matmul
   (W8A8, ``aten._scaled_mm``) quantises its input to fp8: no 16-bit copy of the weight.
 
-Mixture-of-Experts experts held as plain parameters (``fused_expert_weights``): transformers 5 stacks each MoE
-layer's routed experts into 3-D ``nn.Parameter`` stacks (``MixtralExperts.gate_up_proj`` ``[E, 2 ffn, hidden]``,
-``down_proj`` ``[E, hidden, ffn]``) run by ``torch._grouped_mm`` (integrations/moe.py), not ``nn.Linear``. What
-becomes of them depends on the library, so on the format (``EXPERT_FORMATS``):
+Mixture-of-Experts experts held as plain parameters (``fused_expert_weights``, experts.py): transformers 5 stacks
+each MoE layer's routed experts into 3-D ``nn.Parameter`` stacks (``MixtralExperts.gate_up_proj``
+``[E, 2 ffn, hidden]``, ``down_proj`` ``[E, hidden, ffn]``) run by ``torch._grouped_mm`` (integrations/moe.py), not
+``nn.Linear``. What becomes of them depends on the library, so on the format (``EXPERT_FORMATS``):
 
 - ``int4`` and ``fp8``: quantised, as vLLM's fused-MoE methods store stacked experts (``AWQMoEMethod`` /
   ``GPTQMarlinMoEMethod``: ``w13_qweight``, ``w13_qzeros``, ``w13_scales`` per expert in the linear layers' group-128
@@ -38,7 +38,7 @@ becomes of them depends on the library, so on the format (``EXPERT_FORMATS``):
 - ``nf4`` and ``int8`` (bitsandbytes): left in 16 bits. bitsandbytes' conversion under transformers 5 replaces
   ``nn.Linear`` only, so fused experts are skipped silently (bitsandbytes#1849, open; ``Experts4bit``, PR #1965, not
   merged). vLLM's ``experts_int8`` would store them in int8 with one fp32 scale a row (int8 x 16-bit matmuls), but
-  ``--weights int8`` is bitsandbytes' LLM.int8 throughout, and so are its experts. For QLoRA (transforms.py) the
+  ``--weights int8`` is bitsandbytes' LLM.int8 throughout, and so are its experts. For QLoRA (qlora.py) the
   same walker leaves them in the base's 16 bits, and PEFT's ``prepare_model_for_kbit_training`` then casts every
   16-bit parameter that is not ``Params4bit`` to fp32 (``--qlora-recipe plain`` keeps them 16-bit).
   ``experts_note`` is the line the plan prints when this happens.
@@ -59,12 +59,13 @@ from torch import nn
 
 from gpuwise.compat import _get_current_dispatch_mode_stack
 from gpuwise.errors import NotApplicable
+from gpuwise.planning.experts import fused_expert_weights
 
 if TYPE_CHECKING:
+    from gpuwise.planning.experts import Experts
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import Experts
 
-NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit (FORMATS["nf4"] is also the QLoRA base: transforms.py)
+NF4_BLOCK = 64  # bitsandbytes' default blocksize for 4-bit (FORMATS["nf4"] is also the QLoRA base: qlora.py)
 NF4_SECOND_BLOCK = 256  # double quantisation: absmax values per fp32 constant
 AWQ_GROUP = 128  # AutoAWQ's default q_group_size
 AWQ_DEQUANT_TOKENS = 1024  # AutoAWQ WQLinear_GEMM: at x.shape[0] * x.shape[1] >= 1024 it dequantises, then matmul
@@ -149,29 +150,6 @@ class QuantLinear(nn.Module):
 
 
 EXPERT_FORMATS = frozenset({"int4", "fp8"})  # vLLM's fused-MoE kernels run stacked experts in these (docstring)
-
-
-def _is_experts(name: str, module: nn.Module) -> bool:
-    """A module of routed experts, as source.experts_of names them: ``experts``, or a class ``...Experts``."""
-    return name.rpartition(".")[2] == "experts" or type(module).__name__.endswith("Experts")
-
-
-def fused_expert_weights(root: nn.Module) -> list[tuple[nn.Module, str, nn.Parameter]]:
-    """(owner, name, parameter) of every routed-expert weight ``root`` holds as a plain ``nn.Parameter`` of two or
-    more dimensions (transformers 5's ``[E, out, in]`` stacks, DBRX's ``[E x ffn, hidden]``), not in an
-    ``nn.Linear``: what an ``nn.Linear`` walker (bitsandbytes) never sees. Biases are left out."""
-    found, seen = [], set()
-    for name, mod in root.named_modules():
-        if not _is_experts(name, mod):
-            continue
-        for sub in mod.modules():
-            if isinstance(sub, nn.Linear):
-                continue
-            for pname, p in sub.named_parameters(recurse=False):
-                if p.dim() >= 2 and "bias" not in pname and id(p) not in seen:
-                    seen.add(id(p))
-                    found.append((sub, pname, p))
-    return found
 
 
 def _quantize_experts(owner: nn.Module, name: str, p: nn.Parameter, fmt: WeightFormat,
