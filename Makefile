@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	@$(BIN)/gpuwise doctor; status=$$?; $(BIN)/gpuwise plan --model gpt2 --batch 8 && exit $$status
 
+# The 25 slowest tests are listed at the end; PYTEST_ARGS='-m "not slow"' leaves out those marked slow.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts

@@ -75,22 +75,56 @@ def run_cli(capsys, *args):
 
 
 @pytest.fixture(scope="session")
-def _session_captures(tmp_path_factory):
-    return tmp_path_factory.mktemp("captures")
+def _capture_seed(tmp_path_factory):
+    """Captures shared between the tests of one session (one xdist worker), read-only to them: only a test that has
+    patched nothing writes here (see _own_cache_folder)."""
+    return tmp_path_factory.mktemp("capture-seed")
+
+
+def _patched(monkeypatch, cache_module) -> bool:
+    """Whether the test has patched anything a capture could depend on: an attribute (a function, a flag) other than
+    the cache's load and store (ours), or a dict item other than an environment variable. Environment variables do
+    not reach the capture (no ``os.environ`` below the CLI; the cache's own switches, XDG_CACHE_HOME and
+    GPUWISE_CACHE, are read by ``folder()``)."""
+    # pytest's own undo lists: (object, name, old value) and (dict, key, old value)
+    return (any(not (obj is cache_module and name in ("load", "store")) for obj, name, _ in monkeypatch._setattr)
+            or any(d is not os.environ for d, _, _ in monkeypatch._setitem))
 
 
 @pytest.fixture(autouse=True)
-def _own_cache_folder(request, tmp_path_factory, monkeypatch, _session_captures):
-    """No test reads or writes the user's ~/.cache/gpuwise (calibrations from gpuwise bench). Captures are kept
-    for the whole session, as a user's are kept between runs: the key is every byte of gpuwise's source, torch's
-    version, the model and the setup, and test_capture_cache checks a kept capture equals a fresh one; tests of
-    the cache itself (marker own_captures) start with an empty one. The suite plans the same models again and
-    again: kept captures save it minutes."""
+def _own_cache_folder(request, tmp_path_factory, monkeypatch, _capture_seed):
+    """Each test has its own cache folder: it never reads or writes the user's ~/.cache/gpuwise (calibrations from
+    gpuwise bench, captures), and no capture one test writes can change what another sees.
+
+    The suite plans the same models again and again, so captures are also kept for the session, as a user's are kept
+    between runs (the key is every byte of gpuwise's source, torch's version, the model and the setup, and
+    test_capture_cache checks a kept capture equals a fresh one): a capture the test's own folder lacks is read from
+    the session's seed, and one the test makes is added to the seed, but only while the test has patched nothing
+    (``_patched``). A test that patches something captures afresh and keeps its captures to itself, so a flag it
+    flips (or a function it replaces) never reaches, nor is hidden by, another test's capture. Tests of the cache
+    itself (marker own_captures) see the library's cache untouched, starting empty."""
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    if request.node.get_closest_marker("own_captures") is None:
-        (cache / "gpuwise").mkdir()
-        (cache / "gpuwise" / "captures").symlink_to(_session_captures, target_is_directory=True)
+    if request.node.get_closest_marker("own_captures") is not None:
+        return
+    import gpuwise.planning.capture.cache as capture_cache
+
+    load, store = capture_cache.load, capture_cache.store
+
+    def shared() -> bool:  # the seed is read and written while the cache is on and the test has patched nothing
+        return capture_cache.folder() is not None and not _patched(monkeypatch, capture_cache)
+
+    def layered_load(name, where=None):
+        hit = load(name, where)
+        return load(name, _capture_seed) if hit is None and where is None and shared() else hit
+
+    def layered_store(name, capture, where=None):
+        store(name, capture, where)
+        if where is None and shared():
+            store(name, capture, _capture_seed)
+
+    monkeypatch.setattr(capture_cache, "load", layered_load)
+    monkeypatch.setattr(capture_cache, "store", layered_store)
 
 
 @pytest.fixture

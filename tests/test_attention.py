@@ -281,7 +281,7 @@ def test_the_planner_costs_only_the_visited_tiles():
     from gpuwise.models import get_model
     from gpuwise.planning.capture.workload import simulate
     from gpuwise.planning.setup import Setup
-    from gpuwise.planning.sources import ZooSource
+    from gpuwise.planning.sources.zoo import ZooSource
 
     src = ZooSource(zoo=get_model("gpt2"))
     sdpa = simulate(src, Setup(micro_batch=2, seq=1024), batch_model=False)

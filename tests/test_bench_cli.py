@@ -118,7 +118,7 @@ def test_plans_use_calibrated_rates_and_say_so(capsys, tmp_path, monkeypatch):
     h100 = load_catalog().get("h100-sxm")
     fit = before["gpus"][0]
     assert fit["rates"] == "datasheet"
-    assert fit["step_time_s"] == pytest.approx(max(before["flops_per_step"] / (h100.peak_tflops.bf16 * 1e12),
+    assert fit["step_time_bound_s"] == pytest.approx(max(before["flops_per_step"] / (h100.peak_tflops.bf16 * 1e12),
                                                    before["bytes_per_step"] / (h100.memory_bandwidth_gbps * 1e9)))
     folder = tmp_path / "gpuwise"
     folder.mkdir(exist_ok=True)  # the capture cache may have made it
@@ -127,7 +127,8 @@ def test_plans_use_calibrated_rates_and_say_so(capsys, tmp_path, monkeypatch):
     code, out, _ = run(capsys, *args)
     fit = json.loads(out)["gpus"][0]
     assert code == 0 and fit["rates"] == "measured"
-    assert fit["step_time_s"] == pytest.approx(max(before["flops_per_step"] / 10e12, before["bytes_per_step"] / 100e9))
+    assert fit["step_time_bound_s"] == pytest.approx(max(before["flops_per_step"] / 10e12,
+                                                         before["bytes_per_step"] / 100e9))
     code, out, _ = run(capsys, *args[:-1])
     assert "h100-sxm)" in out and "--calibrate measured" in out
 

@@ -9,7 +9,7 @@ from gpuwise.planning import Setup
 from gpuwise.planning.capture import cache as capture_cache
 from gpuwise.planning.capture import workload as workload_module
 from gpuwise.planning.capture.workload import simulate
-from gpuwise.planning.sources import resolve_source
+from gpuwise.planning.sources.resolve import resolve_source
 
 pytestmark = pytest.mark.own_captures  # these count the captures that really run
 

@@ -35,6 +35,7 @@ def test_tables_never_cut_a_number_at_80_columns(capsys, monkeypatch, argv):
         keys = [a.key for a in load_catalog().filter()]
         assert all(re.search(rf"^{re.escape(k)}\s", out, re.M) for k in keys), out
         assert re.search(r"^consumer\s*$", out, re.M) and re.search(r"^datacenter\s*$", out, re.M)
+        assert re.search(r"\sstep\s+bound$", out, re.M)  # the modelled step time, and its roofline bound beside it
 
 
 def test_bench_table_keeps_its_numbers_at_80_columns():
@@ -234,6 +235,6 @@ def test_the_torch_free_names_match_the_tables_they_stand_for():
     from gpuwise.bench import DTYPES
     from gpuwise.planning.cost.serving import WEIGHT_BYTES
     from gpuwise.precision import ELEMENT_TYPES
-    from gpuwise.recommend import SERVED_WEIGHTS
+    from gpuwise.recommend.request import SERVED_WEIGHTS
 
     assert set(SERVED_WEIGHTS) == set(WEIGHT_BYTES) and set(DTYPES) == set(ELEMENT_TYPES)

@@ -22,7 +22,7 @@ from gpuwise.planning.cost import step as costmodel
 from gpuwise.planning.cost.step import allreduce_link, comm_bytes, step_time
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 
 CATALOG = load_catalog()
 H100, A100, RTX5090, RTX4090 = (CATALOG.get(k) for k in ("h100-sxm", "a100-80gb-sxm", "rtx-5090", "rtx-4090"))
@@ -192,7 +192,7 @@ def test_fp32_expert_matmuls_of_a_bf16_mixed_step_run_at_the_fp32_rate(tmp_path)
     import json
 
     from gpuwise.planning.capture.tracker import MATMUL_FP32
-    from gpuwise.planning.sources import HFSource
+    from gpuwise.planning.sources.hf import HFSource
 
     path = tmp_path / "mixtral.json"
     path.write_text(json.dumps(_MOE))

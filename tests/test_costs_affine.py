@@ -13,7 +13,7 @@ from gpuwise.planning.capture.workload import simulate_if_applicable
 from gpuwise.planning.cost.step import step_time
 from gpuwise.planning.parallel.sharding import per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import resolve_source
+from gpuwise.planning.sources.resolve import resolve_source
 
 # (micro-batch, accumulation): 1 -> 32, odd sizes, and no accumulation cut out of a probe that held two
 POINTS = [(1, 1), (2, 1), (3, 5), (8, 4), (32, 1), (32, 2)]

@@ -96,7 +96,8 @@ def test_the_latency_floor_is_bytes_read_over_bandwidth():
     p = _zoo("llama2-7b", task="decode", context=4095, precision="bf16")
     read = 2 * (LINEAR_7B + OTHER_7B) - UNREAD_7B + kv_bytes(32, 32, 128, 4096, 1)
     (fit,) = p.gpus
-    assert fit.token_floor_s == pytest.approx(read / 1008e9, rel=1e-3) == fit.step_time_s
+    assert fit.token_floor_s == pytest.approx(read / 1008e9, rel=1e-3) == fit.step_time_bound_s == fit.step.bound_s
+    assert fit.step.seconds > fit.token_floor_s  # the step modelled op by op is slower than its floor
     assert fit.token_floor_s == pytest.approx(15.24e-3, rel=2e-3)
     est = decode_time(acc, params=LINEAR_7B + OTHER_7B, layers=32, kv_heads=32, head_dim=128, context=4096)
     assert est.seconds_per_token > fit.token_floor_s and est.bound == "memory"
@@ -134,7 +135,9 @@ def test_decode_json_carries_the_new_fields(capsys):
     code, out, err = run(capsys, "plan", "--model", "gpt2", "--task", "decode", "--context", "100", "--batch", "2",
                          "--weights", "int8", "--gpu", "rtx-4090")  # the same captures, as tables
     assert code == 0, err
-    assert "token ≥" in out and "2 sequences x 100 cached tokens" in out and "int8 in the blocks'" in out
+    note = " ".join(out.split())  # the note wraps
+    assert "token: one decode step modelled" in note and "bound: max(bytes read / bandwidth" in note
+    assert "2 sequences x 100 cached tokens" in out and "int8 in the blocks'" in out
 
 
 @pytest.mark.parametrize("args", [

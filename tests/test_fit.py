@@ -10,21 +10,21 @@ from gpuwise.models import get_model
 from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.fit import TIGHT_FRACTION, status
-from gpuwise.planning.parallel import sharding as sharding_module
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.units import GiB
 
 SHARDED = Setup(micro_batch=2, seq=128, precision="fp16-mixed", gpus=2, sharding="fsdp")
 
 
-def test_the_per_gpu_timeline_is_sharded_once_for_every_catalog_gpu(monkeypatch):
-    calls = []
-    real = sharding_module.shard
-    monkeypatch.setattr(sharding_module, "shard", lambda *a, **k: calls.append(1) or real(*a, **k))
+def test_every_catalog_gpu_is_fitted_with_the_one_sharded_timeline():
     p = plan_model("gpt2", SHARDED)
     assert len(p.gpus) == len(load_catalog()) > 10 and p.fits
-    assert len(calls) == 2  # the timeline and the batch model, once
+    w = simulate(ZooSource(zoo=get_model("gpt2")), capture_setup(SHARDED))
+    step = per_gpu(w, SHARDED)
+    over_4 = per_gpu(w, Setup(micro_batch=2, seq=128, precision="fp16-mixed", gpus=4, sharding="fsdp"))
+    assert p.peak_bytes == step.peak_bytes > over_4.peak_bytes  # each GPU holds its share of the sharded state
+    assert {g.required_bytes for g in p.gpus} == {step.peak_bytes + p.overhead_bytes}
 
 
 def test_workload_keeps_the_captured_setup_and_the_run_is_passed():
@@ -44,7 +44,7 @@ def test_the_runs_precision_picks_the_rate():
     (fit,) = p.gpus
     floor = max(p.flops_per_step / (t4.peak_tflops.get("fp16") * 1e12),
                 p.bytes_per_step / (t4.memory_bandwidth_gbps * 1e9))
-    assert fit.rates == "datasheet" and fit.step_time_s == pytest.approx(floor)
+    assert fit.rates == "datasheet" and fit.step_time_bound_s == pytest.approx(floor)
 
 
 def test_measured_rates_replace_the_datasheet():
@@ -52,7 +52,7 @@ def test_measured_rates_replace_the_datasheet():
     p = plan_model("gpt2", Setup(micro_batch=2, seq=128), gpu="h100", calibrations={"h100-sxm": cal})
     (fit,) = p.gpus
     assert fit.rates == "measured"
-    assert fit.step_time_s == pytest.approx(max(p.flops_per_step / 500e12, p.bytes_per_step / 2000e9))
+    assert fit.step_time_bound_s == pytest.approx(max(p.flops_per_step / 500e12, p.bytes_per_step / 2000e9))
 
 
 @pytest.mark.parametrize(("headroom", "expected"), [

@@ -24,10 +24,12 @@ from gpuwise.models.llama import LlamaConfig
 from gpuwise.planning import plan_model
 from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.tracker import CATEGORIES, KINDS, Tracker
-from gpuwise.planning.cost.step import step_time_floor
+from gpuwise.planning.cost.roofline import roofline_bound
 from gpuwise.planning.planner import Planner
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import Built, ZooSource, resolve_source
+from gpuwise.planning.sources.base import Built
+from gpuwise.planning.sources.resolve import resolve_source
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.planning.transforms.float8 import _Float8Matmul
 from gpuwise.training.config import TrainConfig
 from gpuwise.training.parallelize import parallelize
@@ -133,7 +135,7 @@ def test_fit_needs_fp8_tensor_cores_and_the_floor_uses_the_fp8_rate():
     every other FLOP (attention, the head) at the bf16 peak, against the bytes over the bandwidth."""
     setup = Setup(precision="fp8", micro_batch=4, seq=512)
     fits = {f.gpu: f for f in plan_model("gpt2", setup).gpus}
-    assert fits["a100-80gb-sxm"].status == "no" and fits["a100-80gb-sxm"].step_time_s is None
+    assert fits["a100-80gb-sxm"].status == "no" and fits["a100-80gb-sxm"].step_time_bound_s is None
     assert fits["h100-sxm"].status == "fits"
     step = Planner(resolve_source("gpt2", None)).per_gpu(setup)
     h100 = load_catalog().get("h100-sxm")
@@ -144,8 +146,8 @@ def test_fit_needs_fp8_tensor_cores_and_the_floor_uses_the_fp8_rate():
     compute = (fp8_flops / h100.peak_tflops.fp8 + (step.workload.flops_per_step - fp8_flops)
                / h100.peak_tflops.bf16) / 1e12
     memory = step.workload.bytes_per_step / (h100.memory_bandwidth_gbps * 1e9)
-    assert step_time_floor(step, h100).seconds == pytest.approx(max(compute, memory))
-    assert fits["h100-sxm"].step_time_s == pytest.approx(max(compute, memory))
+    assert roofline_bound(step, h100).seconds == pytest.approx(max(compute, memory))
+    assert fits["h100-sxm"].step_time_bound_s == pytest.approx(max(compute, memory))
 
 
 def test_torchtitan_llama3_8b_float8_anchor():

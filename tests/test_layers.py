@@ -1,12 +1,14 @@
 """The shape of the tree: imports run one way, and each decision is made in exactly one place.
 
-Imports are read from the source (every ``import gpuwise...``, at module level or inside a function), so a
-lazy import that runs back up is caught as well as a top-level one.
+Imports are read from the source (every ``import gpuwise...``, at module level, inside a function or under
+``if TYPE_CHECKING:``), so a lazy import that runs back up is caught as well as a top-level one, and no two
+modules import each other by any path.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -18,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "gpuwise"
 # do not import each other unless listed in PEERS.
 LAYERS = (
     {"errors"},
-    {"units", "files", "stack"},
+    {"units", "files", "stack", "nvml"},
     {"compat", "precision", "environment"},
     {"hardware"},
     {"doctor", "ops", "optim"},
@@ -97,34 +99,115 @@ def test_the_library_never_imports_its_ui():
     assert not offenders
 
 
-def test_no_module_level_import_cycle():
-    graph = {m: {t for t in _top_level_imports(tree) if t in MODULES and t != m} for m, (_, tree) in MODULES.items()}
-    seen, stack, cycles = set(), [], []
-
-    def visit(node):
-        if node in stack:
-            cycles.append([*stack[stack.index(node):], node])
-            return
-        if node in seen:
-            return
-        seen.add(node)
-        stack.append(node)
-        for nxt in graph[node]:
-            visit(nxt)
-        stack.pop()
-
-    for m in graph:
-        visit(m)
-    assert not cycles, cycles[:3]
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    """The gpuwise modules one import statement loads: ``import gpuwise.a.b`` and ``from gpuwise.a.b import name``
+    load gpuwise.a.b; ``from gpuwise.a import b`` loads gpuwise.a, and gpuwise.a.b as well when b is a submodule."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+        return {_known(n) for n in names if n.split(".")[0] == "gpuwise"} - {None}
+    if node.level:  # relative: resolved against the importing module's package
+        package = module if MODULES[module][0].name == "__init__.py" else module.rpartition(".")[0]
+        base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+        origin = f"{base}.{node.module}" if node.module else base
+    else:
+        origin = node.module or ""
+    if origin.split(".")[0] != "gpuwise":
+        return set()
+    found = {_known(origin)} | {f"{origin}.{a.name}" for a in node.names if f"{origin}.{a.name}" in MODULES}
+    return found - {None}
 
 
-def _top_level_imports(tree: ast.Module) -> set[str]:
-    found = set()
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("gpuwise"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)  # "from gpuwise.x import y" may load x.y
-    return found
+def _known(name: str) -> str | None:
+    """The longest prefix of ``name`` that is a module of the tree (a name past it is an attribute)."""
+    parts = name.split(".")
+    return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in MODULES), None)
+
+
+def _import_graph() -> dict[str, dict[str, int]]:
+    """module -> {module it imports: first line}, counting every import: module level, inside functions and classes,
+    and under ``if TYPE_CHECKING:``."""
+    graph = {}
+    for module, (_, tree) in MODULES.items():
+        edges = graph[module] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(module, node) - {module}:
+                    edges.setdefault(target, node.lineno)
+    return graph
+
+
+def _groups(graph: dict[str, dict[str, int]]) -> list[set[str]]:
+    """The groups of modules that import each other by some path (strongly connected, Tarjan), largest first."""
+    index, low, on_stack, stack, groups = {}, {}, set(), [], []
+
+    def connect(v):  # recursion depth is bounded by the number of modules (a few hundred)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return sorted(groups, key=lambda g: (-len(g), min(g)))
+
+
+def _shortest_cycle(graph: dict[str, dict[str, int]], group: set[str]) -> list[str]:
+    """The shortest way from the group's first module back to itself, as [a, b, ..., a] (breadth first)."""
+    start = min(group)
+    paths, queue = {start: [start]}, [start]
+    for v in queue:
+        for w in sorted(graph[v]):
+            if w == start:
+                return [*paths[v], start]
+            if w in group and w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    raise AssertionError(f"no cycle through {start}")
+
+
+def test_no_import_cycle_of_any_kind():
+    graph = _import_graph()
+    report = []
+    for group in _groups(graph):
+        cycle = _shortest_cycle(graph, group)
+        path = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)) + f" -> {cycle[0]}"
+        report.append(f"{len(group)} modules import each other ({', '.join(sorted(group))}), e.g. {path}")
+    assert not report, "import cycles (every import counts, lazy and TYPE_CHECKING too):\n" + "\n".join(report)
+
+
+def test_the_cycle_check_sees_lazy_and_type_checking_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpuwise.units import GiB\n"
+                     "def f():\n    import gpuwise.errors\n    from gpuwise.hardware import catalog\n")
+    found = set().union(*(_targets("gpuwise.doctor", n) for n in ast.walk(tree)
+                          if isinstance(n, (ast.Import, ast.ImportFrom))))
+    assert found == {"gpuwise.units", "gpuwise.errors", "gpuwise.hardware", "gpuwise.hardware.catalog"}
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3, "b": 5, "d": 4}, "d": {}}
+    assert _groups(graph) == [{"a", "b", "c"}] and _shortest_cycle(graph, {"a", "b", "c"}) == ["a", "b", "c", "a"]
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_over_600_lines():
+    long = {str(path.relative_to(SRC)): n for path, _ in sorted(MODULES.values())
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
 # Each decision, the one file that makes it, and a pattern that would be that decision made again elsewhere.

@@ -20,7 +20,7 @@ from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import ZooSource
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.units import GiB
 
 GPT2 = ZooSource(zoo=get_model("gpt2"))

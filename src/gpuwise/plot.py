@@ -13,7 +13,7 @@ from gpuwise.units import GiB
 if TYPE_CHECKING:
     from gpuwise.bench.run import BenchReport
     from gpuwise.planning.planner import MemoryPlan
-    from gpuwise.recommend import Recommendation
+    from gpuwise.recommend.option import Recommendation
 
 _COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "temporaries": "#8172b3", "inputs": "#937860", "kv_cache": "#da8bc3"}

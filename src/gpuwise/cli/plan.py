@@ -112,33 +112,16 @@ def plan(
         raise GpuwiseError("--gpu '' names no GPU", "pass a catalog key (gpuwise gpus lists them), or drop --gpu for "
                            "every catalog GPU")
     from gpuwise.files import model_files
-    from gpuwise.planning import Setup  # without torch: the arguments are checked before it loads
-    from gpuwise.planning.setup import _positive
+    from gpuwise.planning.setup import Request, resolve  # without torch: the arguments are checked before it loads
 
-    training_only = [f for f, v in (("--optimizer", optimizer), ("--optimizer-in-backward", optimizer_in_backward),
-                                    ("--checkpointing", checkpointing)) if v not in (None, False)]
-    if task in ("infer", "decode") and training_only:
-        raise GpuwiseError(f"{training_only[0]} has no meaning for --task {task}", f"drop {training_only[0]}")
-    lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
-                                 ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
-                                 ("--qlora-recipe", qlora_recipe)) if v is not None]
-    if lora_given and task != "finetune-lora":
-        raise GpuwiseError(f"{lora_given[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
-    given = {"task": task, "seq": seq, "image_size": image_size, "audio_seconds": audio_seconds, "precision": precision,
-             "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None,
-             "checkpointing": checkpointing, "sharding": sharding,
-             "lora_rank": lora_rank, "qlora": qlora or None, "attention": attention}
-    given |= {"context": context, "weights": weights}
-    given |= {"loss": loss}
-    given |= {"compile": compile_blocks or None}
-    given |= {"tp": tp, "pp": pp, "cp": cp, "nodes": nodes, "offload": offload, "sp": sequence_parallel or None}
-    given |= {"lora_targets": lora_targets, "lora_dropout": lora_dropout, "qlora_recipe": qlora_recipe}
-    given |= {"ep": ep, "moe_imbalance": moe_imbalance}
-    for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):  # before the --gpus they make
-        _positive(name, value, 1 << 12)
-    gpus = n_gpus or (tp or 1) * (pp or 1) * (cp or 1) * (ep or 1)
-    setup = Setup.for_batch(batch=batch, micro_batch=micro_batch, gpus=gpus,
-                            **{k: v for k, v in Setup.recipe_defaults(given).items() if v is not None})
+    setup = resolve(Request(
+        task=task, batch=batch, micro_batch=micro_batch, gpus=n_gpus, seq=seq, image_size=image_size,
+        audio_seconds=audio_seconds, precision=precision, optimizer=optimizer,
+        optimizer_in_backward=optimizer_in_backward, checkpointing=checkpointing, sharding=sharding,
+        lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets, lora_dropout=lora_dropout,
+        qlora_recipe=qlora_recipe, attention=attention, loss=loss, compile=compile_blocks, weights=weights,
+        context=context, tp=tp, pp=pp, cp=cp, ep=ep, moe_imbalance=moe_imbalance, sp=sequence_parallel, nodes=nodes,
+        offload=offload))
     model_files(model, hf_config)  # a missing file is refused before torch loads
     from gpuwise.planning.planner import plan_here
 

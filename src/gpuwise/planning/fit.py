@@ -1,4 +1,5 @@
-"""Whether a step fits a GPU: its peak tensors plus what a CUDA process holds besides, against the GPU's memory.
+"""Whether a step fits a GPU: its peak tensors plus what a CUDA process holds besides, against the GPU's memory;
+and how long the step takes there (cost/step.py's ``StepTime``, the one recommend ranks by).
 
 >>> fit_on(per_gpu(workload, setup), load_catalog().get("rtx-4090")).status   # doctest: +SKIP
 'tight'
@@ -6,12 +7,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.cost.step import all_to_all_time, step_time_floor
+from gpuwise.planning.cost.roofline import roofline_bound
+from gpuwise.planning.cost.step import StepTime, all_to_all_time, step_time
 from gpuwise.planning.parallel.sharding import PerGpu
 from gpuwise.planning.setup import MAX_BATCH
 from gpuwise.units import MiB
@@ -43,7 +45,10 @@ class GpuFit:
     headroom_bytes: int
     status: Status
     max_batch: int  # largest micro-batch that fits, same setup otherwise
-    step_time_s: float | None  # roofline floor: max(FLOPs / compute rate, bytes / bandwidth); real steps are slower
+    step_time_s: float | None  # the step's modelled time (``step.seconds``), the figure recommend ranks by
+    # the bound no run of the step beats (``step.bound_s``; for --task decode the token floor), also where no time
+    # is modelled (no link figure between the run's GPUs)
+    step_time_bound_s: float | None
     rates: str | None  # "datasheet" peaks, or "measured" by gpuwise bench --calibrate on this device
     # --task decode: the per-token latency floor, max(bytes read / bandwidth, FLOPs / peak) (serving.decode_floor),
     # which is then the step's floor too; None for the other tasks
@@ -51,6 +56,9 @@ class GpuFit:
     # the dtype the step computes in that this GPU has no rate for ("bf16" on T4 and V100): torch emulates it, many
     # times slower, so the row says so and names the precision that runs instead; None when it has one
     missing_dtype: str | None = None
+    # the step's time on this GPU (cost/step.py), as recommend ranks it, with its bound; None: no rate for the run's
+    # precision, or no link between its GPUs
+    step: StepTime | None = None
 
     @property
     def fits(self) -> bool:
@@ -78,26 +86,36 @@ def max_micro_batch(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVE
 
 def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES,
            calibration: Calibration | None = None, all_to_all=None) -> GpuFit:
-    """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time floor there (plus
-    the --ep all-to-alls' time, ``all_to_all``: parallel.AllToAll, where the GPU has a link figure; the experts wait
-    on them, so they do not hide under the compute)."""
+    """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time there with its bound
+    (plus the --ep all-to-alls' time, ``all_to_all``: parallel.AllToAll, where the GPU has a link figure; the experts
+    wait on them, so they do not hide under the compute)."""
     required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
     no_fp8 = step.setup.spec.float8 and not acc.fp8  # before Ada and Hopper: no fp8 tensor cores
-    floor = step_time_floor(step, acc, calibration)
-    step_s, token_s = None if floor is None else floor.seconds, None
-    if step_s is not None and all_to_all is not None:
-        timed = all_to_all_time(all_to_all, acc)
-        if timed is not None:
-            step_s += timed[0]
-    if step.setup.task == "decode":  # one step is one token: the floor of the bytes it must read
+    timed = step_time(step, acc, calibration=calibration, all_to_all=all_to_all)
+    bound, rates = (timed.bound_s, timed.rates) if timed is not None else _bound(step, acc, calibration, all_to_all)
+    token_s = None
+    if step.setup.task == "decode":  # one step is one token: its bound is the floor of the bytes it must read
         from gpuwise.planning.cost.serving import DecodeRead, decode_floor
 
         token = decode_floor(acc, DecodeRead.of(step), calibration=calibration)
-        step_s = token_s = None if token is None else token.seconds
+        bound = token_s = None if token is None else token.seconds
+        timed = timed if timed is None else replace(timed, bound_s=bound)
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
                   headroom_bytes=headroom, status="no" if no_fp8 else status(headroom, acc.memory_bytes),
                   max_batch=0 if no_fp8 else max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
-                  step_time_s=step_s, rates=None if floor is None else floor.basis, token_floor_s=token_s,
+                  step_time_s=None if timed is None else timed.seconds, step_time_bound_s=bound, rates=rates,
+                  token_floor_s=token_s,
                   missing_dtype="bf16" if step.setup.spec.needs_bf16 and not no_fp8
-                  and not acc.bf16 else None)
+                  and not acc.bf16 else None, step=timed)
+
+
+def _bound(step: PerGpu, acc: Accelerator, calibration: Calibration | None, all_to_all
+           ) -> tuple[float | None, str | None]:
+    """Where no step time is modelled (no link figure between the run's GPUs, no bandwidth) the roofline bound still
+    is: its seconds plus the all-to-alls, and the rates it rests on."""
+    bound = roofline_bound(step, acc, calibration)
+    if bound is None:
+        return None, None
+    timed = None if all_to_all is None else all_to_all_time(all_to_all, acc)
+    return bound.seconds + (0.0 if timed is None else timed[0]), bound.rates

@@ -18,12 +18,15 @@ from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.capture.workload import Workload, simulate_if_applicable
 from gpuwise.planning.cost.serving import DecodeRead
+from gpuwise.planning.cost.step import all_to_all_time
+from gpuwise.planning.experts import Experts
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
-from gpuwise.planning.parallel import AllToAll, Layout, hot_rank_factor, layout, stage_layers
+from gpuwise.planning.parallel.expert import AllToAll, hot_rank_factor
+from gpuwise.planning.parallel.layout import Layout, layout, stage_layers
 from gpuwise.planning.parallel.sharding import PerGpu, capture_setup, per_gpu
 from gpuwise.planning.remedies import Remedy, remedies
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources import Experts, resolve_source
+from gpuwise.planning.sources.resolve import resolve_source
 from gpuwise.planning.transforms.quantize import experts_note
 
 __all__ = ["OVERHEAD_BYTES", "TIGHT_FRACTION", "GpuFit", "MemoryPlan", "Remedy", "plan", "plan_model"]
@@ -100,7 +103,7 @@ class Planner:
 
 
 @dataclass(frozen=True)
-class _RemedyGpu:
+class RemedyGpu:
     """The GPU the remedies are for (``remedies.Gpu``): a setup the model cannot run there does not apply."""
 
     planner: Planner
@@ -142,7 +145,8 @@ def _layout(step: PerGpu, n_layer: int | None) -> Layout | None:
 
 def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = None,
          catalog: Catalog | None = None, calibrations: dict[str, Calibration] | None = None) -> MemoryPlan:
-    """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU.
+    """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU, each with
+    the step's time there (``GpuFit.step``: cost/step.py's StepTime, the figure recommend ranks by).
 
     ``max_batch`` and the remedies are for ``gpu``, else ``primary`` (this machine's GPU, say), else the H100 SXM.
     """
@@ -178,7 +182,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         breakdown={c: int(v) for c, v in zip(CATEGORIES, live[i], strict=True)},
         peak_at=phase if block is None or block < 0 else f"{phase}, block {block}",
         gpu=primary_acc.key, fits=mine.fits, max_batch=mine.max_batch, gpus=fits,
-        remedies=remedies(setup, _RemedyGpu(planner, primary_acc)) if not mine.fits else (),
+        remedies=remedies(setup, RemedyGpu(planner, primary_acc)) if not mine.fits else (),
         uncosted=w.uncosted, captured_blocks=w.captured_blocks,
         host_bytes=step.host_bytes, layout=_layout(step, source.n_layer),
         accumulation_peak_bytes=accumulation_peak(setup, live, tuple(ph for ph, _ in tl.labels)),
@@ -221,8 +225,6 @@ def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None, acc=
     in the dtype the experts take (the captured residual stream's: fp32 under autocast over fp32 weights, 16-bit
     where the step computes with 16-bit parameters, as sharded runs do); the busiest GPU's under --moe-imbalance,
     the dispatch run again where --checkpointing recomputes the block; timed on ``acc`` where it has a link."""
-    from gpuwise.planning.cost.step import all_to_all_time
-
     s, w = step.setup, step.workload
     if experts is None or s.ep == 1:
         return None

@@ -1,9 +1,14 @@
-"""What the user wants to run: one frozen dataclass holds every choice and its default."""
+"""What the user wants to run: ``Request`` holds what they gave (None: not given), ``resolve`` decides the rest once,
+and the ``Setup`` it returns holds every choice.
+
+>>> resolve(Request(batch=32, micro_batch=4, gpus=2)).grad_accum
+4
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
@@ -198,7 +203,7 @@ class Setup:
             raise GpuwiseError(f"--lora-dropout {self.lora_dropout:g} is outside [0, 1)",
                                "pass e.g. --lora-dropout 0.05")
         if self.lora_targets is not None:
-            from gpuwise.planning.transforms import check_targets
+            from gpuwise.planning.transforms.targets import check_targets
 
             check_targets(self.lora_targets)
 
@@ -409,8 +414,80 @@ class Setup:
         return " · ".join(p for p in parts if p)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What the user gave, flag by flag, before anything is decided: None is "not given" (a flag's default is the
+    Setup's, never restated here). ``batch`` is the global batch; ``gpus`` None is the parallel degrees' product.
+
+    >>> resolve(Request(task="finetune-lora", qlora=True)).checkpointing   # PEFT's recipe turns it on
+    'full'
+    """
+
+    task: str | None = None
+    batch: int | None = None
+    micro_batch: int | None = None
+    gpus: int | None = None
+    seq: int | None = None
+    image_size: int | None = None
+    audio_seconds: float | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+    optimizer_in_backward: bool | None = None
+    checkpointing: str | None = None
+    sharding: str | None = None
+    lora_rank: int | None = None
+    qlora: bool | None = None
+    lora_targets: str | None = None
+    lora_dropout: float | None = None
+    qlora_recipe: str | None = None
+    attention: str | None = None
+    loss: str | None = None
+    compile: bool | None = None
+    weights: str | None = None
+    context: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    moe_imbalance: float | None = None
+    sp: bool | None = None
+    nodes: int | None = None
+    offload: str | None = None
+
+
+def resolve(request: Request) -> Setup:
+    """The one translation from what the user gave to the run: flags that mean nothing for the task are refused,
+    ``--gpus`` defaults to ``tp x pp x cp x ep``, the recipe's implications apply (``Setup.recipe_defaults``), and the
+    global batch splits into micro-batch x accumulation x data-parallel (``Setup.for_batch``). Raises GpuwiseError,
+    one line and its fix, before anything loads torch."""
+    r = request
+    training_only = [f for f, v in (("--optimizer", r.optimizer), ("--optimizer-in-backward", r.optimizer_in_backward),
+                                    ("--checkpointing", r.checkpointing)) if v not in (None, False)]
+    if r.task in ("infer", "decode") and training_only:
+        raise GpuwiseError(f"{training_only[0]} has no meaning for --task {r.task}", f"drop {training_only[0]}")
+    lora_given = lora_flags(r)
+    if lora_given and r.task != "finetune-lora":
+        raise GpuwiseError(f"{lora_given[0].split()[0]} applies to LoRA fine-tuning", "add --task finetune-lora")
+    for name in ("tp", "pp", "cp", "ep"):  # before the --gpus they make
+        _positive(name, getattr(r, name), 1 << 12)
+    gpus = r.gpus or (r.tp or 1) * (r.pp or 1) * (r.cp or 1) * (r.ep or 1)
+    given = {f.name: getattr(r, f.name) for f in fields(r) if f.name not in ("batch", "micro_batch", "gpus")}
+    given = {k: v if v is not False else None for k, v in Setup.recipe_defaults(given).items()}
+    return Setup.for_batch(batch=r.batch, micro_batch=r.micro_batch, gpus=gpus,
+                           **{k: v for k, v in given.items() if v is not None})
+
+
 def largest_micro_batch(per_rank: int, limit: int) -> int:
     """The largest micro-batch of at most ``limit`` samples that divides ``per_rank`` (0 if ``limit`` < 1): the one rule
     for splitting a process's batch into micro-batch x accumulation, used by the remedies, recommend, ``train``'s
     automatic choice and its OOM retry."""
     return next((m for m in range(min(limit, per_rank), 0, -1) if per_rank % m == 0), 0)
+
+
+def lora_flags(request: Request) -> list[str]:
+    """The LoRA fine-tuning flags ``request`` gives, as typed (``--lora-rank 8``; ``--qlora`` bare), in one order:
+    what ``resolve`` refuses without --task finetune-lora and ``gpuwise train`` refuses as plan only."""
+    r = request
+    given = (("--qlora", r.qlora or None), ("--lora-rank", r.lora_rank), ("--lora-targets", r.lora_targets),
+             ("--lora-dropout", r.lora_dropout), ("--qlora-recipe", r.qlora_recipe))
+    return [flag if flag == "--qlora" else f"{flag} {value}" for flag, value in given if value is not None]

@@ -52,3 +52,12 @@ def _seconds(s: float | None) -> str:
     if s is None or s != s:
         return "-"
     return f"{s * 1e6:.1f} µs" if s < 1e-3 else f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _seconds3(s: float | None) -> str:
+    """Three significant figures, for a narrow column: 95.1 µs, 604 ms, 1.23 s, 4210 s."""
+    if s is None or s != s:
+        return "-"
+    if s >= 100:
+        return f"{s:.0f} s"
+    return f"{s * 1e6:.3g} µs" if s < 1e-3 else f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuwise.hardware.catalog import load_catalog
-from gpuwise.render._common import _count, _seconds, to_jsonable
+from gpuwise.render._common import _count, _seconds3, to_jsonable
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
@@ -103,11 +103,13 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     console.print(at_peak)
 
     paged = f" - {human_bytes(plan.paged_bytes)} paged" if plan.paged_bytes else ""
-    fits = Table(title=f"fit (needs = peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)", box=box.SIMPLE_HEAD,
-                 padding=(0, 1), pad_edge=False, show_edge=False)
-    for col, justify in (("gpu", "left"), ("memory", "right"), ("needs", "right"), ("headroom", "right"),
+    needs = plan.gpus[0].required_bytes if plan.gpus else plan.peak_bytes - plan.paged_bytes + plan.overhead_bytes
+    # the same on every GPU, so the title says it once: the step time and its bound take the column it held
+    fits = Table(title=f"fit: needs {human_bytes(needs)} (peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)",
+                 box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+    for col, justify in (("gpu", "left"), ("memory", "right"), ("headroom", "right"),
                          ("fits", "left"), ("max\nmicro-\nbatch", "right"),
-                         ("token ≥" if plan.decode else "step ≥", "right")):
+                         ("token" if plan.decode else "step", "right"), ("bound", "right")):
         # numbers are never cut: the columns fit 80 (a pipe's width) as they are; narrower, the GPU's name folds
         fits.add_column(col, justify=justify, no_wrap=col != "gpu", overflow="fold")
     segments = {a.key: a.segment for a in load_catalog().filter()}
@@ -120,18 +122,21 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
             group = segments.get(f.gpu)
             fits.add_row(Text(group or "other", style="dim italic"))
         head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
-        fits.add_row(f.gpu, human_bytes(f.memory_bytes), human_bytes(f.required_bytes), head_room,
+        fits.add_row(f.gpu, human_bytes(f.memory_bytes), head_room,
                      Text(f.status, style=_FIT_STYLE[f.status]) if f.missing_dtype is None or f.status == "no"
                      else Text(f"no {f.missing_dtype}", style="yellow"), str(f.max_batch),
-                     "-" if f.step_time_s is None else _seconds(f.step_time_s) + ("*" if f.rates == "measured" else ""))
+                     "-" if f.step is None else _seconds3(f.step.seconds) + ("*" if f.rates == "measured" else ""),
+                     "-" if f.step_time_bound_s is None else _seconds3(f.step_time_bound_s))
     console.print(fits)
     measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
     rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
     if plan.decode:
-        console.print(f"token ≥: one decode step's floor, max(bytes read / bandwidth, FLOPs / matmul peak), at the "
-                      f"{rates}datasheet's figures; llama.cpp and vLLM reach 50-95% of the bandwidth")
+        console.print(f"token: one decode step modelled op by op at the {rates}datasheet's rates (planning/cost/"
+                      "step.py); bound: max(bytes read / bandwidth, FLOPs / matmul peak), which no step beats; "
+                      "llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
-        console.print(f"step ≥: roofline floor at the {rates}datasheet's dense peak; real steps reach 30-60% of it")
+        console.print(f"step: modelled op by op at the {rates}datasheet's rates (planning/cost/step.py), as recommend "
+                      "ranks it; bound: the roofline, max(FLOPs / dense peak, bytes / bandwidth), which no step beats")
     missing = [f.gpu for f in plan.gpus if f.missing_dtype]
     if missing:
         verb = "has" if len(missing) == 1 else "have"

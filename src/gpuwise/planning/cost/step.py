@@ -4,7 +4,8 @@
 efficiency times the peak of the run's precision, or its bytes at an efficiency times the memory bandwidth,
 whichever takes longer, and never less than the CPU cost of launching it from eager PyTorch. Data parallelism
 adds the collectives of DDP, ZeRO or FSDP at the NCCL bus bandwidth of the GPU's link, partly hidden behind
-backward. ``step_time_floor`` is the bare roofline of the whole step that ``plan``'s fit table prints.
+backward. ``StepTime`` is the one step time: ``plan``'s fit table, ``recommend``'s ranking and ``train``'s expected
+step all read it; it carries the bare roofline of the whole step (cost/roofline.py) as its ``bound_s``.
 
 >>> step_time(per_gpu(workload, setup), load_catalog().get("h100-sxm")).basis   # doctest: +SKIP
 'bf16 989.5 TFLOPS datasheet x0.79 (clock held at 700 W: 1.11 TFLOPS/W, ...) x0.57 (matmul, ...) · ...'
@@ -21,11 +22,11 @@ import numpy as np
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.capture.tracker import ATTENTION, MATMUL_FP8, MATMUL_FP32, NONE, PHASES
+from gpuwise.planning.cost.roofline import Rates, float8_rates, fp32_matmul_rate, roofline_bound
 
 if TYPE_CHECKING:
     from gpuwise.planning.parallel.sharding import PerGpu
 
-Basis = Literal["datasheet", "measured"]
 MemoryClass = Literal["HBM", "GDDR", "unified", "other"]
 MEMORY_CLASSES = ("HBM", "GDDR", "unified", "other")
 
@@ -138,7 +139,13 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default: the last bucket's 
 
 @dataclass(frozen=True, kw_only=True)
 class StepTime:
-    """One optimizer step on one GPU of the run, itemised; ``seconds`` = compute + memory + launch + exposed comm."""
+    """One optimizer step on one GPU of the run, itemised: ``seconds`` = (compute + memory + launch + exposed comm)
+    / (1 - pipeline bubble) + all-to-all, and the roofline bound no run of the step beats.
+
+    >>> t = step_time(per_gpu(workload, setup), load_catalog().get("h100-sxm"))   # doctest: +SKIP
+    >>> t.seconds >= t.bound_s                                                     # doctest: +SKIP
+    True
+    """
 
     seconds: float
     compute_s: float  # ops bound by their FLOPs
@@ -148,6 +155,11 @@ class StepTime:
     exposed_comm_s: float  # what backward did not hide
     mfu: float  # the step's FLOPs / (seconds x datasheet peak)
     basis: str  # every rate and efficiency used, and where it came from
+    # the roofline bound (cost/roofline.py): max(FLOPs / peak, bytes / bandwidth) of the whole step, plus the
+    # all-to-alls; None where the catalog lacks the rate it needs
+    bound_s: float | None = None
+    rates: Rates = "datasheet"  # the bound's (and the model's) peaks: the catalog's, or measured by bench --calibrate
+    all_to_all_s: float = 0.0  # --ep: the MoE layers' all-to-alls (parallel.AllToAll), never hidden
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,43 +294,14 @@ def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None, int8:
     return key, datasheet, measured, gbps_measured
 
 
-def _float8_rates(step: PerGpu, acc: Accelerator, fp8_tflops: float, measured: Calibration | None,
-                  share: float = 1.0) -> tuple[float, float | None]:
-    """--precision fp8: (fp8 GEMM rate, the rate of every other FLOP: the compute dtype's, bf16); only the linear
-    layers' ``_scaled_mm`` run at the fp8 rate (attention, the head and the rest stay in bf16)."""
-    key = step.setup.spec.compute
-    hp = (measured.tflops.get(key) if measured is not None else None) or (acc.peak_tflops.get(key) or 0) * share
-    return fp8_tflops, hp or None
-
-
-def _fp32_matmul_rate(step: PerGpu, acc: Accelerator, measured: Calibration | None, share: float = 1.0
-                      ) -> tuple[float | None, str]:
-    """A 16-bit run's GEMMs on fp32 operands (``MATMUL_FP32``: a Mixture of Experts' grouped matmuls under
-    autocast, whose fp32 weights CUDA autocast does not cast, autocast.py) run through cuBLAS in fp32: at the
-    catalog's fp32 rate, as PyTorch leaves ``torch.backends.cuda.matmul.allow_tf32`` False (its default since 1.12;
-    ``float32_matmul_precision`` "highest") and neither gpuwise's bf16-mixed/fp16-mixed (``PrecisionSpec.tf32``
-    False) nor transformers' Trainer (``TrainingArguments.tf32`` None: left alone; only its ``torch_compile`` with bf16
-    turns TF32 on, not modelled) turns it on; at the tf32 rate for a precision that does. Measured rates win; the
-    board's clock share applies as to the 16-bit rate.
-    (rate or None where the catalog has neither: the run's rate is used, and the basis says so; what it is)."""
-    key = "tf32" if step.setup.spec.tf32 else "fp32"
-    why = "allow_tf32 off, PyTorch's default" if key == "fp32" else "TF32 on"
-    got = measured.tflops.get(key) if measured is not None else None
-    if got:
-        return got, f"{key} {got:g} TFLOPS measured ({why})"
-    datasheet = acc.peak_tflops.get(key)
-    if not datasheet:
-        return None, f"no {key} rate in the catalog: at the run's"
-    return datasheet * share, f"{key} {datasheet:g} TFLOPS ({why}) x{share:.2f}"
-
-
 def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None,
-              int8: bool = False) -> StepTime | None:
+              int8: bool = False, all_to_all=None) -> StepTime | None:
     """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, op by op, plus the exposed
     collectives. None: the GPU has no rate for the run's precision (bf16 before Ampere) or no bandwidth.
 
     ``int8``: an inference step quantised to int8 end to end (edge NPUs, TensorRT INT8): the int8 rate (TOPS),
-    and each op's bytes scaled from the captured 16-bit elements to one byte."""
+    and each op's bytes scaled from the captured 16-bit elements to one byte. ``all_to_all``: the --ep
+    all-to-alls of the step (parallel.AllToAll), added where ``acc`` has a link figure (the experts wait on them)."""
     if int8 and step.setup.training:
         raise ValueError("int8 costs inference steps only")
     key, datasheet, measured, gbps_measured = _peak(step, acc, calibration, int8)
@@ -351,7 +334,7 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     eta = np.where(c.kind == ATTENTION, at, mm)
     rate = tflops
     if s.spec.float8:
-        fp8, hp = _float8_rates(step, acc, tflops, calibration if measured else None, share)
+        fp8, hp = float8_rates(step, acc, tflops, calibration if measured else None, share)
         if hp is None:
             return None
         rate = np.where(c.kind == MATMUL_FP8, fp8, hp)
@@ -359,7 +342,7 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     wide = c.kind == MATMUL_FP32
     wide_flops = float(flops[wide] @ c.count[wide])
     if not int8 and s.compute_dtype.itemsize < 4 and wide_flops:
-        fp32, what = _fp32_matmul_rate(step, acc, calibration if measured else None, share)
+        fp32, what = fp32_matmul_rate(step, acc, calibration if measured else None, share)
         if fp32 is not None:
             rate = np.where(wide, fp32, rate)
         fp32_part = (f"{wide_flops:.3g} FLOPs of matmuls on fp32 operands (autocast leaves "
@@ -385,6 +368,11 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     seconds = compute_s + memory_s + launch_s + exposed
     bubble = s.pipeline_bubble  # 1F1B: each stage idles (pp - 1) of the (m + pp - 1) slots of a step
     seconds /= 1 - bubble
+    a2a_s, a2a = 0.0, None if all_to_all is None else all_to_all_time(all_to_all, acc)
+    if a2a is not None:
+        a2a_s = a2a[0]
+        seconds += a2a_s
+    bound = roofline_bound(step, acc, calibration, int8=int8)
     peak = datasheet or tflops
     if measured:
         rate = f"{key} {tflops:g} TFLOPS measured (gpuwise bench --calibrate)"
@@ -404,49 +392,12 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
                      f"{'forward+backward' if s.sharding == 'fsdp' else 'backward'} hides it (assumed)")
     if bubble:
         parts.append(f"pipeline bubble {bubble:.0%} ((pp - 1) / (micro-batches + pp - 1), 1F1B)")
+    if a2a is not None:
+        parts.append(f"--ep all-to-alls: {a2a[1].source}, not hidden")
     if s.offload != "none":
         parts.append("optimizer step on the host: not timed")
     return StepTime(seconds=seconds, compute_s=compute_s, memory_s=memory_s, launch_s=launch_s, comm_s=comm_s,
                     exposed_comm_s=exposed, mfu=c.total_flops / (seconds * peak * 1e12),
-                    basis=" · ".join(parts))
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepFloor:
-    seconds: float
-    basis: Basis  # the catalog's dense peaks, or rates gpuwise bench --calibrate measured on the device
-
-
-def step_time_floor(step: PerGpu, accelerator: Accelerator,
-                    calibration: Calibration | None = None) -> StepFloor | None:
-    """The roofline floor of one optimizer step of ``step`` on ``accelerator``, at the rate of the run's
-    precision (``Setup.spec.rate_key``), a 16-bit run's matmuls on fp32 operands at the fp32 rate
-    (``_fp32_matmul_rate``); measured rates replace the datasheet's. None: the GPU has no such rate (bf16 before
-    Ampere)."""
-    key = step.setup.spec.rate_key  # the run's: a sharded fp16-mixed step is captured in 16 bits as bf16
-    measured = calibration is not None and bool(calibration.tflops.get(key))
-    tflops = calibration.tflops[key] if measured else accelerator.peak_tflops.get(key)
-    if not tflops:
-        return None
-    gbps = (calibration.gbps if measured else None) or accelerator.memory_bandwidth_gbps
-    compute = step.workload.flops_per_step / (tflops * 1e12)
-    rest = tflops  # the rate of every FLOP but fp8's
-    if step.setup.spec.float8:  # the fp8 GEMMs at the fp8 rate, every other FLOP at bf16's
-        fp8, hp = _float8_rates(step, accelerator, tflops, calibration if measured else None)
-        if hp is None:
-            return None
-        c = step.workload.costs
-        mask = c.kind == MATMUL_FP8
-        fp8_flops = float(c.flops[mask] @ c.count[mask])
-        compute = fp8_flops / (fp8 * 1e12) + max(step.workload.flops_per_step - fp8_flops, 0) / (hp * 1e12)
-        rest = hp
-    c = step.workload.costs
-    wide = c.kind == MATMUL_FP32
-    fp32_flops = float(c.flops[wide] @ c.count[wide])
-    if fp32_flops and step.setup.compute_dtype.itemsize < 4:  # those at the fp32 rate (_fp32_matmul_rate)
-        fp32 = _fp32_matmul_rate(step, accelerator, calibration if measured else None)[0]
-        if fp32 is not None:
-            compute += fp32_flops / (fp32 * 1e12) - fp32_flops / (rest * 1e12)
-    memory = step.workload.bytes_per_step / (gbps * 1e9) if gbps else 0.0
-    idle = 1 - step.setup.pipeline_bubble
-    return StepFloor(seconds=max(compute, memory) / idle, basis="measured" if measured else "datasheet")
+                    basis=" · ".join(parts), bound_s=None if bound is None else bound.seconds + a2a_s,
+                    rates=bound.rates if bound is not None else "measured" if measured else "datasheet",
+                    all_to_all_s=a2a_s)
