@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import ARCHS_CU126, ARCHS_CU130, cpu_env, cuda_env, gpu, nvml
+from fakes.environments import ARCHS_CU126, ARCHS_CU130, cpu_env, cuda_env, gpu, nvml
 from gpuwise.doctor import (
     check_alloc_conf,
     check_arch,

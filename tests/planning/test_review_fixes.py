@@ -1,5 +1,5 @@
 """The issue-14 review's findings, each pinned: offload under --pp, paged state and offload, the decode floor's bytes
-and rate, refusals that name the flag at fault, labels that say the layout. Tiny models (test_parallel's): seconds."""
+and rate, refusals that name the flag at fault, labels that say the layout. Tiny models (fakes/small_models.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
+from fakes.small_models import GPT, LLAMA, PLANNERS, SEQ
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning import Setup
+from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.cost.serving import DecodeRead, _rate, decode_floor
 from gpuwise.planning.fit import fit_on
 from gpuwise.planning.parallel.layout import layout
@@ -19,8 +21,8 @@ from gpuwise.planning.parallel.rank import check
 from gpuwise.planning.remedies import TRAINING
 from gpuwise.planning.transforms.qlora import Linear4bit
 from gpuwise.planning.transforms.quantize import FORMATS
-from test_parallel import GPT, LLAMA, PLANNERS, SEQ, G, W
 
+W, G = CATEGORIES.index("weights"), CATEGORIES.index("gradients")
 FSDP_PP = Setup(micro_batch=1, grad_accum=4, seq=SEQ, gpus=4, pp=2, sharding="fsdp")
 
 

@@ -10,28 +10,14 @@ from dataclasses import replace
 import pytest
 
 from conftest import run_cli
-from gpuwise.models import get_model
-from gpuwise.models.gpt import GPTConfig
-from gpuwise.models.llama import LlamaConfig
+from fakes.small_models import GPT, HEADS, LLAMA, PLANNERS, SEQ, H
 from gpuwise.planning import Setup
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.parallel.layout import in_flight_micro_batches
-from gpuwise.planning.planner import Planner
-from gpuwise.planning.sources.zoo import ZooSource
 
 ACT = CATEGORIES.index("activations")
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))
-H, HEADS, SEQ, B = 256, 8, 128, 2
-# A GPT block as Korthikanti et al. assume it (LayerNorm, 4h GeLU MLP, 16-bit), without dropout and with flash
-# attention (SDPA): their per-layer sbh(10 + 24/t + 5as/(ht)) loses the two 1-byte dropout masks outside the
-# attention (10 -> 8) and the attention-score term (flash keeps only an fp32 logsumexp, 4 bytes x a x s x b / t).
-GPT = ZooSource(zoo=replace(get_model("gpt2"), name="gpt-tp-test",
-                            config=GPTConfig(n_layer=4, n_head=HEADS, n_embd=H, vocab_size=512, block_size=SEQ)))
-LLAMA = ZooSource(zoo=replace(get_model("llama2-7b"), name="llama-tp-test", default_seq=SEQ,
-                              config=LlamaConfig(n_layer=4, n_head=HEADS, n_kv_head=4, dim=H, ffn_dim=688,
-                                                 vocab_size=512)))
-
-PLANNERS = {GPT.name: Planner(GPT), LLAMA.name: Planner(LLAMA)}  # the captures, shared by the tests below
+B = 2
 
 
 def _block_activations(source, setup: Setup) -> int:

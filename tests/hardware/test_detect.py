@@ -1,6 +1,6 @@
 from dataclasses import replace
 
-from conftest import cpu_env, cuda_env, nvml
+from fakes.environments import cpu_env, cuda_env, nvml
 from gpuwise.environment import TorchInfo
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.hardware.detect import describe_local

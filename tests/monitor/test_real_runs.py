@@ -17,7 +17,7 @@ from conftest import run_cli
 # examples/sleepy.py (the README's example): a model whose step takes ~20 ms on one idle core (~150 ms on a loaded
 # one), and a dataset that sleeps 4 ms per item here (SLEEPY_MS; I/O, not CPU): 32 items a batch is ~128 ms of waiting
 # with no workers, ~16 ms a batch with 8 workers sleeping side by side.
-SLEEPY = Path(__file__).resolve().parents[1] / "examples" / "sleepy.py"
+SLEEPY = Path(__file__).resolve().parents[2] / "examples" / "sleepy.py"
 
 ARGS = ["--steps", "16", "--batch", "32", "--micro-batch", "32", "--no-auto", "--log-every", "16", "--json"]
 

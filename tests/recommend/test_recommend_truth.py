@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "recommend_order.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "recommend_order.py"
 _spec = importlib.util.spec_from_file_location("recommend_order", _PATH)
 ro = importlib.util.module_from_spec(_spec)
 sys.modules["recommend_order"] = ro

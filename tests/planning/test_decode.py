@@ -9,11 +9,11 @@ import json
 import pytest
 
 from conftest import run_cli
+from fakes.hf_configs import LLAMA_2_7B, _config
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.cost.serving import WEIGHT_BYTES, decode_time
 from gpuwise.planning.transforms.quantize import FORMATS
-from test_loss import LLAMA_2_7B, _config
 
 run = run_cli
 

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def sweep():
-    path = Path(__file__).parents[1] / "benchmarks" / "hf_sweep.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "hf_sweep.py"
     spec = importlib.util.spec_from_file_location("hf_sweep", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -21,7 +21,7 @@ from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.sources.hf import HFSource
 from gpuwise.render.plan import plan_json
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
          "vocab_size": 256}
 # 2 dense blocks, then 8 MoE ones (first_k_dense_replace), as DeepSeek-V3's 3 and 58

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import run_cli
+from fakes.hf_configs import LLAMA_2_7B, _config
 from gpuwise.compat import FakeTensorMode
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss, fused_linear_cross_entropy
 from gpuwise.planning import Setup, plan_model
@@ -31,21 +32,6 @@ LLAMA_32_1B = {
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
     "vocab_size": 128256,
 }
-LLAMA_2_7B = {
-    "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
-    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
-    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "tie_word_embeddings": False,
-    "torch_dtype": "float16", "use_cache": True, "vocab_size": 32000,
-}
-
-
-def _config(tmp_path, cfg: dict) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
-
-
 @pytest.mark.parametrize(("batch", "bias"), [(1, False), (3, True)])
 def test_the_three_losses_give_the_same_loss_and_gradients(batch, bias):
     """Real fp32 tensors: chunking the sequence, or computing the gradients in the forward, changes no number

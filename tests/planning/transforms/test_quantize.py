@@ -56,7 +56,7 @@ def test_deepseek_v3_caches_576_values_a_token_a_layer():
 
     from gpuwise.planning.sources.hf import HFSource
 
-    dims = HFSource.from_path(Path(__file__).parent / "data" / "deepseek-v3-config.json").decoder
+    dims = HFSource.from_path(Path(__file__).resolve().parents[2] / "data" / "deepseek-v3-config.json").decoder
     # kv_lora_rank 512 + qk_rope_head_dim 64, 61 layers, bf16: 70,272 B a token (DeepSeek-V2 paper, arXiv:2405.04434,
     # Table 1: MLA caches (d_c + d_h^R) l elements a token), where 128 heads of K and V would be 25x that
     assert dims.kv_latent == 576
@@ -72,7 +72,7 @@ def mixtral():
 
     from gpuwise.planning.sources.hf import HFSource
 
-    return HFSource.from_path(Path(__file__).parent / "data" / "mixtral-8x7b-config.json")
+    return HFSource.from_path(Path(__file__).resolve().parents[2] / "data" / "mixtral-8x7b-config.json")
 
 
 @pytest.mark.parametrize("weights", ["int4", "fp8", "nf4", "int8"])

@@ -302,7 +302,7 @@ def test_the_stand_in_gives_the_busiest_expert_f_times_its_share():
 
 
 def test_moe_layers_and_width_of_the_fixtures():
-    mixtral = HFSource.from_path(Path(__file__).parent / "data" / "mixtral-8x7b-config.json").experts
+    mixtral = HFSource.from_path(Path(__file__).resolve().parents[2] / "data" / "mixtral-8x7b-config.json").experts
     assert (mixtral.layers, mixtral.hidden) == (32, 4096)
 
 

@@ -142,9 +142,9 @@ def test_an_oom_is_recorded_where_it_happens_with_the_plans_breakdown_and_remedi
 
 
 def test_a_fake_nvml_streams_into_the_monitor_and_a_power_capped_gpu_is_throttled():
-    """NVML behind the same interface (tests/test_monitor_nvml.FakeNvml): a busy H100 held at 1,400 of 1,980 MHz by
+    """NVML behind the same interface (tests/fakes/nvml.py): a busy H100 held at 1,400 of 1,980 MHz by
     a power cap lowered to 450 of its default 700 W, replayed through the Monitor's own sampler thread."""
-    import test_monitor_nvml as fake
+    import fakes.nvml as fake
 
     nvml = fake.FakeNvml([fake.h100(util_gpu=99, clock_sm=1400, reasons=0x4, power_mw=449_000,
                                     power_limit_mw=450_000)])  # SwPowerCap, default limit 700 W

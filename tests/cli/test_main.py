@@ -8,7 +8,8 @@ from importlib import resources
 
 import pytest
 
-from conftest import cuda_env, run_cli
+from conftest import run_cli
+from fakes.environments import cuda_env
 from gpuwise.units import GB, GiB
 
 if sys.version_info >= (3, 11):

@@ -152,7 +152,7 @@ def test_backward_hides_most_of_the_all_reduce():
 
 @pytest.fixture(scope="module")
 def validation():
-    path = Path(__file__).parents[1] / "benchmarks" / "speed_validation.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "speed_validation.py"
     spec = importlib.util.spec_from_file_location("speed_validation", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -161,7 +161,7 @@ def test_the_wrong_size_flag_is_one_line(capsys, tmp_path, cfg, flag, fix):
 @pytest.fixture(scope="module")
 def sweep():
     transformers = pytest.importorskip("transformers")
-    path = Path(__file__).parents[1] / "benchmarks" / "hf_sweep.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "hf_sweep.py"
     spec = importlib.util.spec_from_file_location("hf_sweep", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

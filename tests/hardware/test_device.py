@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import cpu_env, cuda_env, gpu, nvml, run_cli
+from conftest import run_cli
+from fakes.environments import cpu_env, cuda_env, gpu, nvml
 from gpuwise.environment import TorchInfo
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware import device as hw
