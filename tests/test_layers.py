@@ -220,6 +220,12 @@ DECISIONS = [
     ("first line of an exception", "errors.py", r"str\((exc|e|error)\)[^\n]*splitlines"),
     ("private torch API", "compat.py",
      r"torch\._subclasses|torch\.utils\._|torch\._scaled_mm|distributed\._composable"),
+    ("the largest micro-batch that divides the batch", "planning/setup.py", r"range\(.*,\s*0,\s*-1\)"),
+    ("which modules are routed experts", "planning/experts.py",
+     r"""endswith\(["']Experts["']\)|==\s*["']experts["']"""),
+    ("a catalog row has bf16 / fp8", "hardware/catalog.py",
+     r"""(bool\(|not\s+)[\w.]*peak_tflops\.get\(["'](bf16|fp8)["']\)"""),
+    ("DataLoader workers", "environment.py", r"usable_cores\s*//|cores\s*//\s*4"),
 ]
 
 

@@ -111,16 +111,21 @@ class CpuInfo:
 # DataLoader workers: the one rule that doctor's advice, the monitor's input-bound fix and train's default share.
 MAX_WORKERS_PER_GPU = 8  # past 8 a GPU's loader rarely gains and each worker holds a copy of the dataset object
 MAX_WORKERS_CPU = 4  # a CPU run computes on the cores too: a quarter of them load, at most 4
+# Loading that mostly waits (disk, network, a sleep) gains from more workers than cores, as PyTorch's own DataLoader
+# allows past its "suggested max" warning: up to IO_WORKERS_PER_CORE per usable core.
+IO_WORKERS_PER_CORE = 4
 
 
-def workers_cap(usable_cores: int, processes: int = 1) -> int:
+def workers_cap(usable_cores: int, processes: int = 1, *, waits_on_io: bool = False) -> int:
     """The most DataLoader workers each of ``processes`` training processes should start: its share of the usable
-    cores, less one core kept for the training loop itself.
+    cores, less one core kept for the training loop itself; loading that waits on IO rather than burning CPU may take
+    IO_WORKERS_PER_CORE a core.
 
     >>> workers_cap(16, 4)
     3
     """
-    return max(0, usable_cores // max(1, processes) - 1)
+    cap = max(0, usable_cores // max(1, processes) - 1)
+    return max(cap, IO_WORKERS_PER_CORE * usable_cores // max(1, processes)) if waits_on_io else cap
 
 
 def suggested_workers(usable_cores: int, gpus: int) -> int:

@@ -21,7 +21,6 @@ from gpuwise.monitor.thresholds import (
     INPUT_GPU_BUSY_PCT,
     INPUT_WAIT_SHARE,
     IO_CPU_SHARE,
-    IO_WORKERS_PER_CORE,
     IOWAIT_PCT,
     LAUNCH_COST_S,
     MIN_JUDGED_STEPS,
@@ -64,7 +63,6 @@ def input_bound(view: Window, earlier: Earlier) -> Judged | None:
     # Steady state with w workers, each taking `load` per batch: a batch is ready every load/w, so
     # step = max(compute, load/w) and wait = max(0, load/w - compute); with 0 workers the wait IS the load.
     load = wait if w0 == 0 else w0 * (wait + compute)
-    cap = workers_cap(ctx.usable_cores, ctx.world_size)  # a core stays with each training process
     # Does loading burn CPU or wait? With no workers the process makes each batch itself: its CPU time during the
     # wait says; with workers, each worker's share of a core does.
     if w0 == 0:
@@ -74,8 +72,7 @@ def input_bound(view: Window, earlier: Earlier) -> Judged | None:
         cpu_share = median([h.workers_cpu_pct / 100 / h.workers for h in view.hosts
                              if h.workers and h.workers_cpu_pct is not None])
     waits_on_io = cpu_share is not None and cpu_share < IO_CPU_SHARE
-    if waits_on_io:
-        cap = max(cap, IO_WORKERS_PER_CORE * ctx.usable_cores // max(1, ctx.world_size))
+    cap = workers_cap(ctx.usable_cores, ctx.world_size, waits_on_io=waits_on_io)  # a core stays with each process
     needed = max(1, math.ceil(load / compute - 1e-9))  # workers whose joint rate covers the compute time
     w_new = min(needed, cap)
     evidence: dict[str, Any] = {

@@ -31,10 +31,8 @@ INPUT_WAIT_SHARE = 0.30
 # How many workers a process may be told to start. Loading that burns CPU (decode, augment) gets the cores less one
 # kept for training (``environment.workers_cap``, the rule doctor and train share). Loading that mostly waits (disk,
 # network, a sleep: the process's CPU time during the wait, or each worker's CPU, under IO_CPU_SHARE of the wall
-# time) gains from more workers than cores, as PyTorch's own DataLoader allows past its "suggested max" warning: up
-# to IO_WORKERS_PER_CORE per usable core.
+# time) gains from more workers than cores (environment.IO_WORKERS_PER_CORE a usable core).
 IO_CPU_SHARE = 0.5
-IO_WORKERS_PER_CORE = 4
 
 # Communication-bound: the TB plugin's "communication > 10 % of the step" rule, kept: we count only the exposed part
 # (what backward did not hide), which is pure loss, so the published value needs no margin.
