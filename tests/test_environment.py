@@ -9,6 +9,7 @@ import psutil
 import pytest
 import torch
 
+from fakes.nvml import ProbeNvml
 from gpuwise import environment
 from gpuwise.environment import gather_environment
 
@@ -69,29 +70,8 @@ def test_missing_nvml_is_recorded(monkeypatch):
     assert "nvml_error" in environment._probe_nvml()
 
 
-class FakeNvml:
-    """The pynvml calls the probe makes, for one H100 whose memory query is not supported."""
-
-    NVMLError = Exception
-
-    def nvmlInit(self): pass
-    def nvmlShutdown(self): pass
-    def nvmlSystemGetDriverVersion(self): return "580.82.07"
-    def nvmlSystemGetCudaDriverVersion_v2(self): return 13000
-    def nvmlDeviceGetCount(self): return 2
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if i == 1:
-            raise RuntimeError("NVMLError_GpuIsLost")
-        return i
-    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
-    def nvmlDeviceGetUUID(self, h): return "GPU-0000-1111"
-    def nvmlDeviceGetCudaComputeCapability(self, h): return (9, 0)
-    def nvmlDeviceGetComputeRunningProcesses(self, h): return []
-    def nvmlDeviceGetMemoryInfo(self, h): raise RuntimeError("NVMLError_NotSupported")
-
-
 def test_one_failing_nvml_query_loses_only_its_field(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.setitem(sys.modules, "pynvml", ProbeNvml())
     found = environment._probe_nvml()
     assert found["driver_version"] == "580.82.07" and found["driver_cuda"] == (13, 0)
     (dev,) = found["nvml_devices"]  # the lost GPU is noted, the other kept

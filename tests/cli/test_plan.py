@@ -40,10 +40,11 @@ def test_plan_json_has_the_documented_keys(capsys):
     (fit,) = data["gpus"]
     assert fit["gpu"] == "rtx-4090" and fit["fits"] and fit["max_batch"] == data["max_batch"] >= 2
     assert fit["required_bytes"] == data["peak_bytes"] + data["overhead_bytes"]
-    # the step's modelled time (cost/step.py StepTime, recommend's), itemised, and the roofline bound under its old key
+    # the step's modelled time (cost/step.py StepTime, recommend's), itemised, and the roofline bound beside it
     step = fit["step"]
     assert {"seconds", "compute_s", "memory_s", "launch_s", "exposed_comm_s", "mfu", "bound_s", "basis"} <= set(step)
-    assert fit["step_time_s"] == step["bound_s"] < step["seconds"] and fit["rates"] == step["rates"] == "datasheet"
+    assert fit["step_time_s"] == step["seconds"] and fit["step_time_bound_s"] == step["bound_s"] < step["seconds"]
+    assert fit["rates"] == step["rates"] == "datasheet"
 
 
 def test_plan_lists_every_catalog_gpu_by_default(capsys):
@@ -384,24 +385,3 @@ def test_optimizer_in_backward_drops_the_remedies_it_cannot_take(capsys):
     names = [r["name"] for r in data["remedies"]]
     assert names and not any(n.startswith(("micro-batch", "FSDP")) for n in names)
     assert "adafactor in backward" in Setup(optimizer="adafactor", optimizer_in_backward=True).describe()
-
-
-def test_a_request_resolves_to_its_setup_in_one_place():
-    """What the user gave (None: not given) becomes the run: defaults are the Setup's, --gpus the product of the
-    parallel degrees, PEFT's QLoRA turns checkpointing on unless it was given, and the batch splits as Setup.for_batch
-    does; flags the task cannot use are one-line errors naming the fix."""
-    from gpuwise.errors import GpuwiseError
-    from gpuwise.planning.setup import Request, Setup, resolve
-
-    assert resolve(Request()) == Setup()
-    assert resolve(Request(batch=32, micro_batch=4, gpus=2)) == Setup.for_batch(batch=32, micro_batch=4, gpus=2)
-    assert resolve(Request(tp=2, pp=2, batch=8)).gpus == 4
-    assert resolve(Request(task="finetune-lora", qlora=True)).checkpointing == "full"
-    assert resolve(Request(task="finetune-lora", qlora=True, checkpointing="none")).checkpointing == "none"
-    assert resolve(Request(compile=False, sp=False, qlora=False)) == Setup()  # an unset flag is "not given"
-    for request, message in ((Request(task="infer", optimizer="sgd"), "--optimizer has no meaning for --task infer"),
-                             (Request(lora_rank=8), "--lora-rank applies to LoRA fine-tuning"),
-                             (Request(ep=0), "--ep 0 is outside 1..4096"),
-                             (Request(batch=6, micro_batch=4), "--batch 6 does not split evenly")):
-        with pytest.raises(GpuwiseError, match=message):
-            resolve(request)

@@ -1,6 +1,8 @@
-"""A fake NVML for the reader's tests: the ``pynvml`` functions and constants gpuwise calls (one call per handle),
-per-device state in NVML's own units, any function made to raise ``NVMLError`` or to be missing, a stream of states
-read by read, and pynvml's real ctypes structs where the reader reads a struct's fields."""
+"""Fake NVMLs. ``FakeNvml``, for the reader's tests: the ``pynvml`` functions and constants gpuwise calls (one call per
+handle), per-device state in NVML's own units, any function made to raise ``NVMLError`` or to be missing, a stream of
+states read by read, and pynvml's real ctypes structs where the reader reads a struct's fields. Two small ones beside
+it: ``ProbeNvml``, the calls the environment probe makes, and ``two_gpu_nvml``, the functions ``watch`` reads (with
+``BareNVMLError``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from types import SimpleNamespace
 from typing import ClassVar
 
 import pynvml
+
+from gpuwise.units import GiB
 
 NOT_SUPPORTED, NO_PERMISSION, TIMEOUT, LIBRARY_NOT_FOUND, FUNCTION_NOT_FOUND, GPU_IS_LOST = 3, 4, 10, 12, 13, 15
 UINT_MAX = 0xFFFFFFFF
@@ -280,3 +284,62 @@ class FakeNvml:
         address = ctypes.cast(sample, ctypes.c_void_p).value
         del self.samples[address]
         self.freed.append(address)
+
+
+class ProbeNvml:
+    """The pynvml calls the environment probe makes, for one H100 whose memory query is not supported."""
+
+    NVMLError = Exception
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlSystemGetDriverVersion(self): return "580.82.07"
+    def nvmlSystemGetCudaDriverVersion_v2(self): return 13000
+    def nvmlDeviceGetCount(self): return 2
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 1:
+            raise RuntimeError("NVMLError_GpuIsLost")
+        return i
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
+    def nvmlDeviceGetUUID(self, h): return "GPU-0000-1111"
+    def nvmlDeviceGetCudaComputeCapability(self, h): return (9, 0)
+    def nvmlDeviceGetComputeRunningProcesses(self, h): return []
+    def nvmlDeviceGetMemoryInfo(self, h): raise RuntimeError("NVMLError_NotSupported")
+
+
+class BareNVMLError(Exception):
+    """An NVMLError with only its code, 999 unless given."""
+
+    def __init__(self, value: int = 999) -> None:
+        super().__init__(value)
+        self.value = value
+
+
+def two_gpu_nvml(watched: set[int]) -> SimpleNamespace:
+    """Two GPUs: 0 busy with the watched process (8 GiB of it), 1 idle and not the command's. Every function
+    NvmlReader asks that is not here is a missing function to it: a None field."""
+    state = {"inits": 0, "reads": 0}
+
+    def util(h):
+        state["reads"] += 1
+        return SimpleNamespace(gpu=80 if h == 0 else 0, memory=40 if h == 0 else 0)
+
+    def processes(h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=8 * GiB) for pid in watched] if h == 0 else []
+
+    return SimpleNamespace(
+        NVMLError=BareNVMLError, state=state,
+        nvmlInit=lambda: state.__setitem__("inits", state["inits"] + 1),
+        nvmlShutdown=lambda: state.__setitem__("inits", state["inits"] - 1),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUtilizationRates=util,
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=(10 if h == 0 else 1) * GiB, total=80 * GiB),
+        nvmlDeviceGetPowerUsage=lambda h: 300_000 if h == 0 else 70_000,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
+        nvmlDeviceGetComputeRunningProcesses=processes,
+        nvmlDeviceGetClockInfo=lambda h, kind: 1980 if h == 0 else 345,
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: 1980,
+        nvmlDeviceGetTemperature=lambda h, sensor: 60 if h == 0 else 30,
+    )

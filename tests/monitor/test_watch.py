@@ -12,7 +12,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from rich.console import Console
 
 import gpuwise.monitor.child as child_module
 import gpuwise.monitor.watch as watch_module
+from fakes.nvml import two_gpu_nvml
 from gpuwise.cli import main
 from gpuwise.errors import GpuwiseError
 from gpuwise.monitor.samples import DeviceSample, HostSample, Sample, StepEvent, read_log
@@ -258,45 +258,9 @@ def test_events_written_before_a_pid_attach_are_skipped_and_new_ones_read(tmp_pa
 # -- a fake NVML ---------------------------------------------------------------------------------------------------
 
 
-class FakeNVMLError(Exception):
-    def __init__(self, value: int = 999) -> None:
-        super().__init__(value)
-        self.value = value
-
-
-def fake_nvml(watched: set[int]) -> types.SimpleNamespace:
-    """Two GPUs: 0 busy with the watched process (8 GiB of it), 1 idle and not the command's. Every function
-    NvmlReader asks that is not here is a missing function to it: a None field."""
-    state = {"inits": 0, "reads": 0}
-
-    def util(h):
-        state["reads"] += 1
-        return types.SimpleNamespace(gpu=80 if h == 0 else 0, memory=40 if h == 0 else 0)
-
-    def processes(h):
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=8 * GiB) for pid in watched] if h == 0 else []
-
-    return types.SimpleNamespace(
-        NVMLError=FakeNVMLError, state=state,
-        nvmlInit=lambda: state.__setitem__("inits", state["inits"] + 1),
-        nvmlShutdown=lambda: state.__setitem__("inits", state["inits"] - 1),
-        nvmlDeviceGetCount=lambda: 2,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
-        nvmlDeviceGetUtilizationRates=util,
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=(10 if h == 0 else 1) * GiB, total=80 * GiB),
-        nvmlDeviceGetPowerUsage=lambda h: 300_000 if h == 0 else 70_000,
-        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700_000,
-        nvmlDeviceGetComputeRunningProcesses=processes,
-        nvmlDeviceGetClockInfo=lambda h, kind: 1980 if h == 0 else 345,
-        nvmlDeviceGetMaxClockInfo=lambda h, kind: 1980,
-        nvmlDeviceGetTemperature=lambda h, sensor: 60 if h == 0 else 30,
-    )
-
-
 def test_fake_nvml_devices_summarised_and_the_used_gpu_found(tmp_path, capfd):
     watched: set[int] = set()
-    nvml = fake_nvml(watched)
+    nvml = two_gpu_nvml(watched)
     r = watch(py("import time; time.sleep(0.4)"), interval_s=0.05, nvml=nvml,
               on_start=lambda s: watched.add(s.pid))
     assert r.note is None and r.record.device_kind == "cuda"

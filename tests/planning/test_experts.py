@@ -18,7 +18,7 @@ from gpuwise.planning.capture.tracker import Tracker
 from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.sources.hf import HFSource
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 # hidden 64, expert width 128, 4 experts top-2, 4 heads of 16 (2 KV heads), vocabulary 1000, 2 blocks
 H, FFN, E, K, HEADS, KV, V, LAYERS = 64, 128, 4, 2, 4, 2, 1000, 2
 MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": V, "hidden_size": H,

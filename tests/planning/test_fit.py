@@ -1,15 +1,17 @@
-"""Fit and cost model: one sharding per plan, the run's precision picks the rate, measured rates win, thresholds."""
+"""Fit and cost model: one sharding per plan, the run's precision picks the rate (and a GPU without it fits no
+micro-batch), measured rates win, thresholds."""
 
 from __future__ import annotations
 
 import pytest
 
+from fakes.small_models import GPT, PLANNERS, SEQ
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import get_model
 from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.capture.workload import simulate
-from gpuwise.planning.fit import TIGHT_FRACTION, status
+from gpuwise.planning.fit import TIGHT_FRACTION, fit_on, status
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.units import GiB
@@ -60,3 +62,11 @@ def test_measured_rates_replace_the_datasheet():
 ])
 def test_status_thresholds(headroom, expected):
     assert status(headroom, 80 * GiB) == expected
+
+
+def test_no_fp8_means_no_micro_batch():
+    """A GPU without fp8 tensor cores cannot run --precision fp8: 'no', and no max micro-batch (was 347 on A100)."""
+    step = PLANNERS[GPT.name].per_gpu(Setup(seq=SEQ, precision="fp8"), batch_model=True)
+    fit = fit_on(step, load_catalog().get("a100-80gb-sxm"))
+    assert fit.status == "no" and fit.max_batch == 0
+    assert fit_on(step, load_catalog().get("h100-sxm")).max_batch > 0

@@ -29,7 +29,7 @@ from gpuwise.planning import Setup
 from gpuwise.planning.planner import Planner
 from gpuwise.planning.sources.hf import HFSource
 
-MIXTRAL = Path(__file__).resolve().parents[2] / "data" / "mixtral-8x7b-config.json"
+MIXTRAL = Path(__file__).resolve().parents[1] / "data" / "mixtral-8x7b-config.json"
 PUBLISHED = {2: 58_196_957_184, 4: 65_592_615_936}  # per-GPU batch -> rank 0's max_memory_allocated, bytes
 
 

@@ -1,50 +1,15 @@
-"""The plan against published formulas: ZeRO model states, PaLM FLOPs, and exact scaling."""
+"""The plan against published formulas: PaLM FLOPs, scaled parameter counts, the KV cache, LoRA and QLoRA
+(ZeRO model states: parallel/test_sharding.py; exact scaling: capture/test_scaling.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from gpuwise.models import get_model
-from gpuwise.planning.capture.scaling import batch_affine, extrapolate_blocks
-from gpuwise.planning.capture.step import capture
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.capture.workload import simulate
-from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.sources.zoo import ZooSource
-
-STATES = [CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer")]
-MLP = ZooSource(zoo=get_model("mlp"))
-
-
-def _model_states(setup: Setup) -> tuple[float, int]:
-    """Weights + gradients + optimizer state per GPU once all gradients exist, and the parameter count."""
-    w = simulate(MLP, capture_setup(setup), batch_model=False)
-    return float(per_gpu(w, setup).live[:, STATES].sum(axis=1).max()), w.params
-
-
-@pytest.mark.parametrize(("setup", "bytes_per_param"), [
-    (Setup(precision="bf16-mixed"), 16),  # ZeRO paper: 2 + 2 + 12; PyTorch AMP: 4 + 4 + 8
-    (Setup(precision="fp32"), 16),  # 4 + 4 + 8
-    (Setup(precision="bf16"), 8),  # pure bf16 AdamW: bf16 states, 2 + 2 + 4
-    (Setup(precision="fp32", optimizer="sgd"), 12),  # weights, gradients, momentum
-])
-def test_model_states_bytes_per_parameter(setup, bytes_per_param):
-    states, params = _model_states(setup)
-    assert states == pytest.approx(bytes_per_param * params, rel=1e-4)
-
-
-@pytest.mark.parametrize("n", [2, 8])
-@pytest.mark.parametrize(("sharding", "formula"), [
-    ("ddp", lambda p, n: 16 * p + 4 * p),  # + DDP's fp32 gradient buckets
-    ("zero1", lambda p, n: 4 * p + 12 * p / n),  # Rajbhandari et al. 2020, P_os
-    ("zero2", lambda p, n: 2 * p + 14 * p / n),  # P_os+g
-    ("fsdp", lambda p, n: 16 * p / n),  # P_os+g+p
-])
-def test_zero_model_states_per_gpu(sharding, formula, n):
-    states, params = _model_states(Setup(precision="bf16-mixed", gpus=n, sharding=sharding))
-    assert states == pytest.approx(formula(params, n), rel=1e-3)
 
 
 def test_gpt2_flops_match_palm_appendix_b():
@@ -75,27 +40,6 @@ def test_grad_accum_flops_scale_with_micro_batches():
 
     assert grads_in_forward(one) == 0
     assert grads_in_forward(four) == pytest.approx(one.trainable_params * 4, rel=1e-3)  # fp32 gradients
-
-
-@pytest.mark.parametrize("setup", [
-    Setup(micro_batch=2, seq=128),
-    Setup(micro_batch=1, seq=128, checkpointing="full", grad_accum=2),
-    Setup(task="infer", micro_batch=2, seq=128),
-    Setup(task="finetune-lora", micro_batch=1, seq=64, qlora=True),
-], ids=["train", "checkpointing+accum", "infer", "qlora"])
-def test_block_and_batch_scaling_is_exact(setup):
-    """2- and 3-block captures at batches b and b+1 predict a 5-block capture at batch 7, sample by sample."""
-    src = ZooSource(zoo=get_model("gpt2"))
-    b = setup.micro_batch
-    tl = {n: batch_affine(capture(src, setup, batch=b, n_layer=n), capture(src, setup, batch=b + 1, n_layer=n))
-          for n in (2, 3)}
-    direct = capture(src, setup, batch=7, n_layer=5)
-    predicted = extrapolate_blocks(tl[2], tl[3], 5)
-    assert predicted.labels == direct.labels
-    assert predicted.end_of_forward == direct.end_of_forward
-    # exact up to the allocator's 512-byte rounding of tensors whose size is not a multiple of it
-    np.testing.assert_allclose(predicted.live(7), direct.live, atol=512 * 64)
-    assert extrapolate_blocks(tl[2], tl[3], 3).live(b) == pytest.approx(tl[3].live(b))
 
 
 def test_scaled_parameter_counts_equal_published():

@@ -1,5 +1,5 @@
 """Remedies: the flags each row prints run the row's setup in ``gpuwise plan``, whatever form the user's command
-took, and the steps apply in order, cumulatively, skipping what does not apply."""
+took, the steps apply in order, cumulatively, skipping what does not apply, and the labels say the layout."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import run_cli
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning import Setup, plan_model
 from gpuwise.planning.fit import OVERHEAD_BYTES, GpuFit, status
-from gpuwise.planning.remedies import remedies, settings, setup_flags
+from gpuwise.planning.remedies import TRAINING, remedies, settings, setup_flags
 from gpuwise.render._common import to_jsonable
 from gpuwise.units import GiB
 
@@ -115,7 +115,8 @@ class FormulaGpu:
         best = 1 + (self.memory_bytes - one) // per_sample if one <= self.memory_bytes else 0
         return GpuFit(gpu="formula", name="formula", memory_bytes=self.memory_bytes, required_bytes=required,
                       headroom_bytes=self.memory_bytes - required, status=status(self.memory_bytes - required,
-                      self.memory_bytes), max_batch=int(best) if batch_model else 0, step_time_s=None, rates=None)
+                      self.memory_bytes), max_batch=int(best) if batch_model else 0, step_time_s=None,
+                      step_time_bound_s=None, rates=None)
 
 
 def test_each_step_builds_on_the_kept_ones_before():
@@ -201,3 +202,12 @@ def test_a_search_walks_the_remedies_checkpointing_before_fsdp_and_leaves_the_us
     assert settings(Setup(gpus=4, sharding="zero2"), given=frozenset({"sharding", "checkpointing"})) == [
         Setup(gpus=4, sharding="zero2")]
 
+
+def test_remedy_labels_say_the_layout():
+    """Under --tp the LoRA rows keep the layout (they said 'one GPU'); FSDP names the GPUs it shards over."""
+    names = {s.change.__name__: s.name for s in TRAINING}
+    tp2 = Setup(task="finetune-lora", gpus=2, tp=2)
+    assert names["lora"](tp2) == "LoRA rank 16, 2 GPUs (tp 2) (fine-tuning only)"
+    assert names["lora"](Setup(task="finetune-lora")) == "LoRA rank 16, one GPU (fine-tuning only)"
+    fsdp = Setup(gpus=8, tp=2, sharding="fsdp", micro_batch=1)
+    assert names["fsdp"](fsdp) == "FSDP over 4 GPUs x tp 2 = 8 GPUs (global batch 4)"

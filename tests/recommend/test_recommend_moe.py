@@ -20,7 +20,7 @@ from gpuwise.planning.cost.serving import (
     moe_weights_read,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 CATALOG = load_catalog()
 MIXTRAL_DIMS = dict(layers=32, heads=32, kv_heads=8, head_dim=128)  # tests/data/mixtral-8x7b-config.json
 

@@ -56,14 +56,15 @@ def _meta_params(transformers, cfg: dict) -> int:
 @pytest.mark.parametrize(("cfg", "setup", "captured"), [
     (DEEPSEEK_V3, Setup(micro_batch=2, seq=16, precision="bf16"), (4, 5)),  # bf16-mixed MoE training: issue 17
     (GEMMA, Setup(micro_batch=2, seq=16), (5, 7)),
-    (JAMBA, Setup(task="infer", micro_batch=2, seq=16), (4, 6)),
+    (JAMBA, Setup(micro_batch=2, seq=16), (4, 6)),
 ], ids=["deepseek-v3", "gemma", "jamba"])
 def test_scaled_plan_of_a_mixed_stack_equals_its_whole_capture(tmp_path, cfg, setup, captured):
     """Dense-then-MoE, sliding-and-global and Mamba-and-attention stacks, captured as units of blocks and scaled:
     sample by sample the capture of the whole model, and the parameters of the real model on the meta device.
     Before, DeepSeek's 2 and 3 blocks (dense, dense, MoE) were scaled to 9 dense and one MoE, and Gemma's 2 and 3
     blocks (sliding, global, sliding) to 13. (Gemma under --task infer is captured whole: transformers' cache
-    makes a tensor a sliding layer before the first block runs, which units inserted in the blocks do not see.)"""
+    makes a tensor a sliding layer before the first block runs, which units inserted in the blocks do not see; and
+    so, from transformers 5.25, is Jamba's, whose hybrid cache holds every layer's state before the first block.)"""
     transformers = pytest.importorskip("transformers")
     src = _source(tmp_path, cfg)
     scaled = simulate(src, setup, batch_model=False)

@@ -1,6 +1,7 @@
-"""Tensor and pipeline parallelism, HSDP and offload (planning/parallel/, planning/parallel/sharding.py), each against a
-reference whose source is given: Korthikanti et al. 2022 for tensor-parallel activations and the 1F1B pipeline,
-DeepSpeed's ZeRO estimators for offload, FSDP over one node for HSDP. Tiny models: the whole file runs in seconds."""
+"""Tensor, pipeline and context parallelism (planning/parallel/; the sharding of model states, offload and HSDP:
+test_sharding.py), each against a reference whose source is given: Korthikanti et al. 2022 for tensor-parallel
+activations and the 1F1B pipeline, torchtitan's ring attention and its measured context-parallel memory. Tiny
+models: the whole file runs in seconds."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 
 from conftest import run_cli
 from fakes.small_models import GPT, HEADS, LLAMA, PLANNERS, SEQ, H
+from gpuwise.errors import GpuwiseError
 from gpuwise.planning import Setup
 from gpuwise.planning.capture.tracker import CATEGORIES
-from gpuwise.planning.parallel.layout import in_flight_micro_batches
+from gpuwise.planning.parallel.layout import in_flight_micro_batches, layout
+from gpuwise.planning.parallel.rank import check
 
 ACT = CATEGORIES.index("activations")
 W, G, OPT, T = (CATEGORIES.index(c) for c in ("weights", "gradients", "optimizer", "temporaries"))
@@ -152,68 +155,21 @@ def test_context_parallel_shards_states_with_the_data_parallel_ranks():
     assert eof[1] == pytest.approx(eof[0], rel=0.01)
 
 
-def test_fsdp_under_pipeline_keeps_the_stage_gathered():
-    """torchtitan's reshard_after_forward_policy "default" with PP (torchtitan/models/llama3/infra/parallelize.py:
-    "For PP, do not reshard after forward to avoid per-microbatch all-gathers") and pipelining's gradient sync on
-    the last micro-batch only: the stage's bf16 parameters (2P) and its unsharded fp32 gradients (4P) on top of
-    the 16P/N shard."""
-    n = 4
-    step = PLANNERS[GPT.name].per_gpu(Setup(micro_batch=1, grad_accum=2, seq=SEQ, gpus=2 * n, pp=2, stage=0,
-                                            sharding="fsdp"))
-    P = step.workload.trainable_params
-    eof = step.live[step.timeline.end_of_forward]
-    assert eof[W] == 2 * P + 4 * P // n and eof[OPT] == 8 * P // n
-    assert step.live[:, G].max() == 4 * P  # accumulated unsharded until the last micro-batch's backward
+def test_one_pipeline_bubble():
+    s = Setup(gpus=4, pp=4, grad_accum=8)
+    assert s.pipeline_bubble == pytest.approx(3 / 11) and layout(s, 4, 0).bubble == s.pipeline_bubble
 
 
-def _states(step) -> tuple[int, int]:
-    """Model-state bytes on the GPU at the start of forward (weights + gradients + optimizer), and on the host."""
-    first = step.live[0]
-    return int(first[W] + first[G] + first[OPT]), step.host_bytes
+def test_fsdp_over_the_context_parallel_ranks_is_named():
+    s = Setup(seq=SEQ, gpus=8, tp=2, pp=2, cp=2, sharding="fsdp")
+    assert "fsdp over the 2 cp ranks" in s.describe()
+    assert layout(s, 4, 0).sharding == "fsdp"
 
 
-def test_offload_matches_deepspeed_estimators():
-    """deepspeedai/DeepSpeed runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs and stage3.py
-    estimate_zero3_model_states_mem_needs (without their 1.5 buffer factor), mixed-precision Adam, N GPUs:
-    ZeRO-2 + offload_optimizer: GPU 2P; ZeRO-3 + offload_optimizer: GPU 2P/N + 4LL (the gathered layer);
-    ZeRO-3 + offload_param: GPU 4LL; the host per GPU 16P/N (offload_optimizer: fp32 master, m, v, fp32 grads).
-    DeepSpeed's offload_param host figure is 18P/N (a 16-bit copy too): FSDP2's CPUOffloadPolicy keeps 16P/N."""
-    n = 4
-    planner = PLANNERS[GPT.name]
-    base = Setup(micro_batch=1, seq=SEQ, gpus=n)
-    P = planner.workload(replace(base, sharding="zero2", offload="optimizer")).trainable_params
-    zero2 = planner.per_gpu(replace(base, sharding="zero2", offload="optimizer"))
-    assert _states(zero2) == (2 * P, 16 * P // n)
-    zero3 = planner.per_gpu(replace(base, sharding="fsdp", offload="optimizer"))
-    gpu, host = _states(zero3)
-    assert gpu == pytest.approx(2 * P / n, abs=1) and host == 16 * P // n
-    ll = zero3.workload.block_bytes // 2  # largest layer's parameters (16-bit)
-    assert zero3.live[zero3.timeline.end_of_forward, T] >= 4 * ll  # this block and the prefetched one, gathered
-    params = planner.per_gpu(replace(base, sharding="fsdp", offload="params"))
-    assert _states(params) == (0, 16 * P // n)
-    assert params.peak_bytes < zero3.peak_bytes
-
-
-def test_single_gpu_optimizer_offload_is_zero_offload():
-    """ZeRO-Offload on one GPU (Ren et al. 2021: '10B on a single V100'): the GPU keeps the 16-bit weights and one
-    block's gradients at a time; fp32 master, Adam states and fp32 gradients (16P) go to the host."""
-    planner = PLANNERS[GPT.name]
-    on_gpu = planner.per_gpu(Setup(micro_batch=1, seq=SEQ))
-    off = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, offload="optimizer"))
-    P = off.workload.trainable_params
-    assert off.live[0, W] == 2 * P and off.live[:, OPT].max() == 0 and off.host_bytes == 16 * P
-    assert off.live[:, G].max() <= off.workload.block_trainable_params * 2
-    assert off.peak_bytes < on_gpu.peak_bytes
-
-
-def test_hsdp_is_fsdp_within_a_node():
-    """HSDP on M nodes of k GPUs shards the model states as FSDP over k GPUs does (torchtitan's dp_shard x
-    dp_replicate); the global batch spans all M x k."""
-    planner = PLANNERS[GPT.name]
-    hsdp = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, gpus=8, sharding="fsdp", nodes=2))
-    fsdp = planner.per_gpu(Setup(micro_batch=1, seq=SEQ, gpus=4, sharding="fsdp"))
-    assert (hsdp.live == fsdp.live).all()
-    assert hsdp.setup.shard_gpus == 4 and hsdp.setup.batch == 8
+def test_sequence_parallel_needs_a_sequence_tp_divides():
+    with pytest.raises(GpuwiseError, match="--sequence-parallel splits --seq 126 over --tp 4") as e:
+        check(GPT, Setup(seq=126, tp=4, gpus=4, sp=True))
+    assert "pass --seq 128" in e.value.hint
 
 
 def test_batch_counts_data_parallel_gpus_only():

@@ -1,6 +1,7 @@
 """LoRA targets and dropout, and QLoRA as Hugging Face PEFT runs it, simulated on fake tensors and checked against
 figures people copy: PEFT's ``print_trainable_parameters`` for Llama-2-7B, litgpt's config_hub measurements, and a
-PEFT + bitsandbytes QLoRA of Llama 3.3 70B that Unsloth measured."""
+PEFT + bitsandbytes QLoRA of Llama 3.3 70B that Unsloth measured; the 4-bit layer's buffers are the nf4 format's
+bytes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from gpuwise.planning.remedies import setup_flags
 from gpuwise.planning.sources.hf import HFSource
 from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.planning.transforms.lora import UnevenTargets, select_targets
+from gpuwise.planning.transforms.qlora import Linear4bit
+from gpuwise.planning.transforms.quantize import FORMATS
 from gpuwise.units import GiB
 
 ACT, WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
@@ -291,3 +294,8 @@ def test_peft_recipe_on_an_image_model_in_pure_bf16():
     assert KINDS[capture.rows.kind[conv]] == "matmul-fp32"
     # it reads the images, its weight and bias and writes its output, all 4 bytes an element (bf16 would be 2)
     assert capture.rows.bytes[conv] == 4 * (b * 3 * 224 * 224 + dim * patch_in + dim + b * patches * dim)
+
+
+def test_one_nf4_table():
+    lin = Linear4bit(torch.nn.Linear(256, 96, bias=False, device="meta"), torch.bfloat16)
+    assert sum(b.nbytes for b in lin.buffers()) == FORMATS["nf4"].nbytes(96, 256)
