@@ -49,7 +49,7 @@ def _own_cache_folder(request, tmp_path_factory, monkeypatch, _capture_seed):
 
     The suite plans the same models again and again, so captures are also kept for the session, as a user's are kept
     between runs (the key is every byte of gpuwise's source, torch's version, the model and the setup, and
-    test_capture_cache checks a kept capture equals a fresh one): a capture the test's own folder lacks is read from
+    capture/test_cache.py checks a kept capture equals a fresh one): a capture the test's own folder lacks is read from
     the session's seed, and one the test makes is added to the seed, but only while the test has patched nothing
     (``_patched``). A test that patches something captures afresh and keeps its captures to itself, so a flag it
     flips (or a function it replaces) never reaches, nor is hidden by, another test's capture. Tests of the cache

@@ -165,3 +165,11 @@ def test_one_dataloader_workers_rule():
     assert (suggested_workers(16, 1), suggested_workers(16, 4), suggested_workers(64, 2)) == (8, 3, 8)
     assert suggested_workers(2, 1) == 1  # a GPU always gets one worker
     assert (suggested_workers(16, 0), suggested_workers(2, 0), suggested_workers(64, 0)) == (4, 0, 4)
+
+
+def test_loading_that_waits_on_io_may_take_more_workers_than_cores():
+    """PyTorch's DataLoader warns past its suggested max but runs: sleeping or disk-bound loaders gain from 4 a core."""
+    from gpuwise.environment import workers_cap
+
+    assert workers_cap(16, 4, waits_on_io=True) == 16  # 4 cores each, 4 workers a core
+    assert workers_cap(2, 1, waits_on_io=True) == 8 > workers_cap(2, 1) == 1

@@ -537,8 +537,7 @@ def check_attention_kernels(env: Environment) -> Finding | None:
 
 
 def recommended_workers(env: Environment) -> int:
-    """DataLoader workers per process: the cores each GPU gets, less one for the training loop,
-    capped at 8; on a CPU-only machine a quarter of the cores (the rest run the model)."""
+    """DataLoader workers per process for this environment (``environment.suggested_workers``, the one rule)."""
     return suggested_workers(env.cpu.usable_cores, len(env.gpus))
 
 

@@ -375,6 +375,15 @@ def _cpu_quota() -> int | None:
     return None
 
 
+def usable_cores() -> int:
+    """Cores this process may use: its affinity where the OS has one, capped by a container's CPU quota; at least 1.
+    The one count doctor's advice, train's default workers and the monitor's input-bound cap all read."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if (quota := _cpu_quota()) is not None:
+        usable = min(usable, quota)
+    return max(1, usable)
+
+
 def _probe_cpu(os_name: str) -> CpuInfo:
     import psutil
 
@@ -383,14 +392,11 @@ def _probe_cpu(os_name: str) -> CpuInfo:
     if (limit := _memory_limit_bytes()) is not None and limit < total:
         total, available = limit, min(available, limit)
     logical = psutil.cpu_count(logical=True) or os.cpu_count() or 1
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
-    if (quota := _cpu_quota()) is not None:
-        usable = min(usable, quota)
     return CpuInfo(
         model=_cpu_model(os_name),
         physical_cores=psutil.cpu_count(logical=False),
         logical_cores=logical,
-        usable_cores=usable,
+        usable_cores=usable_cores(),
         memory_total_bytes=total,
         memory_available_bytes=available,
     )

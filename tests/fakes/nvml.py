@@ -46,7 +46,6 @@ def _api(fn):
             raise self.NVMLError(self.failing[fn.__name__])
         return fn(self, *args)
 
-    call.is_api = True
     return call
 
 
@@ -117,9 +116,6 @@ class FakeNvml:
         for device, changes in zip(self.devices, self.stream.pop(0), strict=True):
             device.update(changes)
 
-    @classmethod
-    def api_names(cls) -> list[str]:
-        return sorted(n for n, v in vars(cls).items() if getattr(v, "is_api", False))
 
     def _dev(self, handle) -> dict:
         assert isinstance(handle, SimpleNamespace), f"not a handle: {handle!r}"  # never a bare index

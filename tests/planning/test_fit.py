@@ -70,3 +70,14 @@ def test_no_fp8_means_no_micro_batch():
     fit = fit_on(step, load_catalog().get("a100-80gb-sxm"))
     assert fit.status == "no" and fit.max_batch == 0
     assert fit_on(step, load_catalog().get("h100-sxm")).max_batch > 0
+
+
+def test_a_fit_without_the_time_is_the_same_fit():
+    """``timed=False`` (what the remedies and recommend's search ask) gives the memory verdict of the timed fit."""
+    step = PLANNERS[GPT.name].per_gpu(Setup(seq=SEQ), batch_model=True)
+    for gpu in ("rtx-4090", "t4", "h100-sxm"):
+        acc = load_catalog().get(gpu)
+        timed, bare = fit_on(step, acc), fit_on(step, acc, timed=False)
+        assert (bare.status, bare.max_batch, bare.required_bytes, bare.missing_dtype) == (
+            timed.status, timed.max_batch, timed.required_bytes, timed.missing_dtype)
+        assert bare.step is None and (timed.step is None) == (gpu == "t4")  # a T4 has no bf16 rate to time by

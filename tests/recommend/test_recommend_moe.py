@@ -181,7 +181,7 @@ def test_training_time_is_the_active_flops(tmp_path):
     _, dense = _train(tmp_path, SMALL_DENSE)
     e = moe_source.experts
     h, layers, vocab, batch, seq, heads = 2048, 2, 1000, 8, 1024, 16
-    # the matmul parameters a token meets (tests/test_moe.py): q, k, v, o, the router, its 2 experts' gate, up and
+    # the matmul parameters a token meets (test_experts.py): q, k, v, o, the router, its 2 experts' gate, up and
     # down, each block, and the head; the dense model's one 16384-wide MLP instead. 6 N T (forward 2, backward 4)
     # plus causal flash attention, 4 b h s^2 d / 2 forward, x2.5 backward
     attention = 4 * batch * heads * seq * seq * (h // heads) // 2 * 7 // 2 * layers

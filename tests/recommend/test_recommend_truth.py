@@ -53,7 +53,7 @@ def test_no_noticeable_pair_is_ordered_wrongly(scores, name):
 
 @pytest.mark.parametrize("name", [ro.BERT_LARGE.name, ro.RESNET50.name])
 def test_training_order_is_the_measured_one_exactly(scores, name):
-    """With the power cap (costmodel.POWER) no pair of the nine GPUs is ordered wrongly; for ResNet-50 none of its
+    """With the power cap (cost.step.POWER) no pair of the nine GPUs is ordered wrongly; for ResNet-50 none of its
     points was fitted on, for BERT-large four were (their order is partly fitted)."""
     assert scores[name].wrong_pairs == ()
 
@@ -72,7 +72,7 @@ def test_decode_error_budget_on_held_out_gpus(scores, name):
 
 
 def test_bert_large_error_budget_on_held_out_gpus(scores):
-    """costmodel.POWER fitted on a10, rtx-6000-ada, a100-40gb-pcie, h100-pcie; the other five held out: median
+    """cost.step.POWER fitted on a10, rtx-6000-ada, a100-40gb-pcie, h100-pcie; the other five held out: median
     14.7%, worst +26.0% (h100-sxm) in benchmarks/RESULTS.md."""
     held = scores[ro.BERT_LARGE.name].held_out_errors()
     assert len(held) == 5

@@ -153,6 +153,15 @@ def test_the_pareto_front_is_what_nothing_beats_on_both_time_and_cost(ranked):
         assert o.pareto == (not beaten), o
 
 
+def test_a_rows_rent_and_energy_are_for_every_gpu_it_holds(ranked):
+    """Per hour of the job, 8 x H100 rents and draws 8 times what one does: the row's costs are for all its GPUs."""
+    h100 = {o.count: o for o in ranked.rows if o.gpu == "h100-sxm"}
+    for n in (2, 4, 8):
+        for figure in ("rent_usd", "energy_kwh"):
+            per_hour = getattr(h100[n], figure) / h100[n].time_to_goal_s
+            assert per_hour == pytest.approx(n * getattr(h100[1], figure) / h100[1].time_to_goal_s, rel=1e-9)
+
+
 def test_more_datacenter_gpus_go_faster_and_an_h100_beats_a_4090(ranked):
     h100 = sorted((o for o in ranked.rows if o.gpu == "h100-sxm"), key=lambda o: o.count)
     assert [o.count for o in h100] == [1, 2, 4, 8]
@@ -326,6 +335,7 @@ def test_lora_and_qlora_of_a_7b_model_fit_one_4090():
     (["--seq", "64", "--deadline", "3d"], "--deadline is judged against a goal"),
     (["--seq", "64", "--budget", "100"], "--budget is judged against a goal"),
     (["--seq", "64", "--tpot-ms", "40"], "--tpot-ms applies to serving"),
+    (["--seq", "64", "--concurrency", "1"], "--concurrency applies to serving"),  # its default value too
     (["--serve", "--batch", "4"], "--batch does not apply to serving a language model"),
     (["--serve", "--prompt-tokens", "1000", "--output-tokens", "100"], "1100 is more than gpt2's 1024 positions"),
     (["--serve", "--vendor", "nvidai"], "unknown --vendor 'nvidai'"),

@@ -422,3 +422,22 @@ def test_a_run_opens_one_planner_session_and_the_trainer_never_calls_the_planner
     summary = run_training(opts, environ={})
     assert len(sessions) == 1 and len(captures) == len(set(captures)) == 2 and started
     assert summary.auto is not None and summary.auto.startswith("fp32 (cpu training runs in fp32); micro-batch ")
+
+
+def test_an_oom_retry_without_auto_still_gets_the_plans_peak_at_the_smaller_micro_batch():
+    """Without --auto there is no batch model: the plan's peak at the micro-batch a retry fell back to is captured
+    from the same Planner session when the OOM asks, and equals a fresh capture there."""
+    from gpuwise.hardware.catalog import load_catalog
+    from gpuwise.planning.planner import Planner
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.training.runplan import planned
+
+    source = resolve_source("gpt2", None)
+    setup = Setup(micro_batch=4, grad_accum=1, seq=128)
+    plan = planned(Planner(source), setup, load_catalog().get("rtx-4090"))
+    assert plan.batch_memory is None
+    fresh = Planner(source).per_gpu(Setup(micro_batch=2, grad_accum=2, seq=128)).peak_bytes
+    assert plan.peak_bytes(2) == pytest.approx(fresh, rel=1e-12)
+    assert plan.peak_bytes(2) != plan.peak_bytes(4)  # its own step (2 x 2, the gradients held), not the plan's
+    assert any("the plan predicted a peak" in line for line in plan.oom_note(2))

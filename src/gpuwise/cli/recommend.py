@@ -202,7 +202,7 @@ def recommend(
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
         traffic = Traffic(**_given(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
                                    tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
-                                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights))
+                                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or None))
         from gpuwise.planning.sources.resolve import resolve_source
         from gpuwise.recommend.serve import serve as rank_serving
 

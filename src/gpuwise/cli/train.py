@@ -81,7 +81,8 @@ def train(
     nodes: Annotated[int | None, typer.Option("--nodes", help="Plan only (HSDP).")] = None,
     offload: Annotated[str | None, typer.Option("--offload", help="Plan only (CPU offload).")] = None,
     fused: Annotated[bool | None, typer.Option("--fused/--foreach", help="AdamW kernel [fused on GPUs].")] = None,
-    workers: Annotated[int | None, typer.Option(help="DataLoader workers for --data [4 on GPUs, 0 on CPUs].")
+    workers: Annotated[int | None, typer.Option(
+        help="DataLoader workers for --data [doctor's advice: the cores each process gets, less one].")
                        ] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps [at the end]."
                                                    )] = None,

@@ -87,11 +87,3 @@ class HostReader:
         return HostSample(cpu_pct=per_core, memory_used_bytes=int(vm.total - vm.available),
                           memory_total_bytes=int(vm.total), process_cpu_pct=process_cpu, workers=workers,
                           workers_cpu_pct=workers_cpu, iowait_pct=iowait)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity where the OS has one), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)

@@ -180,7 +180,8 @@ def host_bound(view: Window, earlier: Earlier) -> Judged | None:
     fired); without, only when ``watch_host`` did not fire."""
     ctx = view.context
     if view.timed:
-        other_fired = any(verdict is not None for verdict, _ in earlier.values())
+        other_fired = any(earlier.get(rule, (None, {}))[0] is not None
+                          for rule in ("input-bound", "communication-bound"))
         input_checked = earlier.get("input-bound", (None, {}))[1]
     elif earlier.get("watch-host", (None, {}))[0] is not None:
         return None

@@ -9,7 +9,7 @@ so the first read has them as ``None``. Units: bytes, bytes/s, W, J, MHz, degree
 
 NVML itself (init, shutdown, device handles) is ``gpuwise.nvml.NvmlSession``'s: a reader starts its own session,
 or reads through one the caller holds (``session=``) and leaves it open. The nvml module is injectable (``nvml=``):
-tests pass a fake with the same function names, constants and ``NVMLError`` (tests/test_monitor_nvml.py), so none
+tests pass a fake with the same function names, constants and ``NVMLError`` (tests/fakes/nvml.py), so none
 of this needs a GPU to be checked.
 """
 

@@ -60,8 +60,9 @@ def _rank(f: Verdict, oom: bool) -> tuple[int, float, int]:
     return tier, -(f.share or 0.0), _TIE_ORDER[f.bottleneck]
 
 
-def _observed_vs_planned(view: Window, ctx: Context) -> dict[str, Any]:
+def _observed_vs_planned(view: Window) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    ctx = view.context
     step = median([s.seconds for s in view.steps])
     if ctx.planned_step_s and step:
         out["step_s"] = {"observed": rounded(step, 6), "planned": rounded(ctx.planned_step_s, 6),
@@ -117,7 +118,7 @@ def judge(record: Record, context: Context | None = None) -> Diagnosis:
     if record.note:
         notes.insert(0, record.note)
     note = "; ".join(notes) or None
-    ovp = _observed_vs_planned(view, ctx)
+    ovp = _observed_vs_planned(view)
     if not findings:
         fix: tuple[str, ...] = ()
         if not record.steps:

@@ -28,7 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuwise.monitor.host import HostReader, usable_cores
+from gpuwise.environment import usable_cores
+from gpuwise.monitor.host import HostReader
 from gpuwise.monitor.rules import judge
 from gpuwise.monitor.samples import AllocatorSample, OomEvent, Record, Sample, StepEvent, to_line
 from gpuwise.monitor.verdict import Context, Diagnosis, Loader

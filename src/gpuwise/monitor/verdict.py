@@ -1,5 +1,5 @@
 """The monitor's vocabulary: what the diagnosis knows (``Context``, ``Loader``), what one rule says (``Verdict``)
-and what the whole diagnosis says (``Diagnosis``). ``monitor.judge`` makes them; ``render.diagnosis`` shows them.
+and what the whole diagnosis says (``Diagnosis``). ``monitor.rules.judge`` makes them; ``render.diagnosis`` shows them.
 """
 
 from __future__ import annotations

@@ -33,9 +33,10 @@ from typing import IO, Any
 
 import psutil
 
+from gpuwise.environment import usable_cores
 from gpuwise.errors import GpuwiseError
 from gpuwise.monitor.child import Signals, Waiter, attach, exit_status, kill, resolve_command, spawn
-from gpuwise.monitor.host import HostReader, usable_cores
+from gpuwise.monitor.host import HostReader
 from gpuwise.monitor.rules import judge
 from gpuwise.monitor.sampler import EVENTS_ENV
 from gpuwise.monitor.samples import OomEvent, Record, Sample, StepEvent, from_line, to_line

@@ -85,13 +85,21 @@ def max_micro_batch(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVE
 
 
 def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYTES,
-           calibration: Calibration | None = None, all_to_all=None) -> GpuFit:
+           calibration: Calibration | None = None, all_to_all=None, timed: bool = True) -> GpuFit:
     """Whether ``step`` fits on ``acc``, the largest micro-batch that does, and the step's time there with its bound
-    (plus the --ep all-to-alls' time, ``all_to_all``: parallel.AllToAll, where the GPU has a link figure; the experts
-    wait on them, so they do not hide under the compute)."""
+    (plus the --ep all-to-alls' time, ``all_to_all``: expert.AllToAll, where the GPU has a link figure; the experts
+    wait on them, so they do not hide under the compute). ``timed=False``: the memory only (a search that asks
+    only whether a setting fits need not cost every op)."""
     required = step.peak_bytes - step.paged_bytes + overhead_bytes
     headroom = acc.memory_bytes - required
     no_fp8 = step.setup.spec.float8 and not acc.fp8  # before Ada and Hopper: no fp8 tensor cores
+    status_ = "no" if no_fp8 else status(headroom, acc.memory_bytes)
+    max_batch = 0 if no_fp8 else max_micro_batch(step, acc, overhead_bytes=overhead_bytes)
+    missing = "bf16" if step.setup.spec.needs_bf16 and not no_fp8 and not acc.bf16 else None
+    if not timed:
+        return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
+                      headroom_bytes=headroom, status=status_, max_batch=max_batch, step_time_s=None,
+                      step_time_bound_s=None, rates=None, missing_dtype=missing)
     timed = step_time(step, acc, calibration=calibration, all_to_all=all_to_all)
     bound, rates = (timed.bound_s, timed.rates) if timed is not None else _bound(step, acc, calibration, all_to_all)
     token_s = None
@@ -102,12 +110,9 @@ def fit_on(step: PerGpu, acc: Accelerator, *, overhead_bytes: int = OVERHEAD_BYT
         bound = token_s = None if token is None else token.seconds
         timed = timed if timed is None else replace(timed, bound_s=bound)
     return GpuFit(gpu=acc.key, name=acc.name, memory_bytes=acc.memory_bytes, required_bytes=required,
-                  headroom_bytes=headroom, status="no" if no_fp8 else status(headroom, acc.memory_bytes),
-                  max_batch=0 if no_fp8 else max_micro_batch(step, acc, overhead_bytes=overhead_bytes),
+                  headroom_bytes=headroom, status=status_, max_batch=max_batch,
                   step_time_s=None if timed is None else timed.seconds, step_time_bound_s=bound, rates=rates,
-                  token_floor_s=token_s,
-                  missing_dtype="bf16" if step.setup.spec.needs_bf16 and not no_fp8
-                  and not acc.bf16 else None, step=timed)
+                  token_floor_s=token_s, missing_dtype=missing, step=timed)
 
 
 def _bound(step: PerGpu, acc: Accelerator, calibration: Calibration | None, all_to_all

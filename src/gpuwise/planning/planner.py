@@ -69,7 +69,7 @@ class MemoryPlan:
     experts: Experts | None = None  # a Mixture-of-Experts model's routed experts: total and active parameters
     routing: str | None = None  # how the routed tokens were split among the experts (planning/capture/routing.py)
     notes: tuple[str, ...] = ()  # what the figures rest on that a user may not expect (quantize.experts_note)
-    all_to_all: AllToAll | None = None  # --ep: what one GPU's all-to-alls move over a step (parallel.AllToAll)
+    all_to_all: AllToAll | None = None  # --ep: what one GPU's all-to-alls move over a step (parallel.expert.AllToAll)
 
 
 class Planner:
@@ -118,7 +118,7 @@ class RemedyGpu:
             step = self.planner.per_gpu(setup, batch_model=batch_model)
         except GpuwiseError as exc:  # the model raised in a step the user did not ask for (bf16, LoRA...)
             raise NotApplicable(exc.message, exc.hint) from exc
-        return fit_on(step, self.acc)
+        return fit_on(step, self.acc, timed=False)  # the remedies ask whether it fits, not how fast
 
 
 def accumulation_peak(setup: Setup, live: np.ndarray, phases: tuple[str, ...]) -> int | None:
@@ -197,7 +197,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
 def routing_assumption(w, experts: Experts | None, setup: Setup) -> str | None:
     """The routing assumption the plan rests on: the balanced stand-in where the model read the router's choice,
     else none is needed (grouped and batched expert matmuls cost the same for any split of the routed tokens);
-    under --ep, balanced across the ranks; and what --moe-imbalance changed (parallel.py's docstring)."""
+    under --ep, balanced across the ranks; and what --moe-imbalance changed (planning/parallel/'s docstrings)."""
     stand_in = next((c.routing for group in w.captures for c in group if c.routing), None)
     if experts is None:
         return stand_in
@@ -221,7 +221,7 @@ def routing_assumption(w, experts: Experts | None, setup: Setup) -> str | None:
 
 
 def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None, acc=None) -> AllToAll | None:
-    """--ep: what one GPU moves over a step in the all-to-alls of its MoE layers (parallel.AllToAll),
+    """--ep: what one GPU moves over a step in the all-to-alls of its MoE layers (parallel.expert.AllToAll),
     in the dtype the experts take (the captured residual stream's: fp32 under autocast over fp32 weights, 16-bit
     where the step computes with 16-bit parameters, as sharded runs do); the busiest GPU's under --moe-imbalance,
     the dispatch run again where --checkpointing recomputes the block; timed on ``acc`` where it has a link."""

@@ -228,7 +228,7 @@ def _sharded(s: Setup) -> Setup | None:
 
 
 TRAINING: tuple[Step, ...] = (
-    Step(change=mixed_precision, name=lambda s: f"{s.spec.compute} mixed precision", knob="precision"),
+    Step(change=mixed_precision, name=lambda s: f"{s.spec.compute} mixed precision"),
     Step(change=checkpointing, name=lambda s: "activation checkpointing"
          + (" (selective: torchtitan's op policy)" if s.checkpointing == "selective" else ""),
          setting=_whole_blocks, knob="checkpointing"),

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # not imported at run time: the CLI validates a Setup before 
 
 Task = Literal["train", "finetune-lora", "infer", "decode"]  # decode: one generation step over a filled KV cache
 Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # capture/optimizers.py
-Checkpointing = Literal["none", "full", "selective"]  # selective: torchtitan's op-level policy (transforms.py)
+Checkpointing = Literal["none", "full", "selective"]  # selective: torchtitan's op-level policy (transforms/)
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
 Attention = Literal["sdpa", "gpuwise"]
 QLoRARecipe = Literal["peft", "plain"]
@@ -78,7 +78,7 @@ class Setup:
     sharding: Sharding = "ddp"
     lora_rank: int = 16  # used by finetune-lora
     qlora: bool = False  # finetune-lora with the frozen base stored in 4 bits (NF4 + double quantisation)
-    lora_targets: str | None = None  # finetune-lora: which layers (transforms.py); None = every linear in the blocks
+    lora_targets: str | None = None  # finetune-lora: which layers (transforms/); None = every linear in the blocks
     lora_dropout: float = 0.0  # finetune-lora: PEFT's lora_dropout on each adapter's input
     # --qlora: "peft" as Hugging Face PEFT's prepare_model_for_kbit_training leaves the model (every weight not in
     # 4 bits up-cast to fp32, gradient checkpointing on unless --checkpointing says otherwise), or "plain": loaded
@@ -250,7 +250,7 @@ class Setup:
                                    "pass --optimizer adamw, or drop --offload")
 
     def _check_experts(self) -> None:
-        """--ep and --moe-imbalance, as far as the setup alone can tell (the model's experts: parallel.check)."""
+        """--ep and --moe-imbalance, as far as the setup alone can tell (the model's experts: parallel.rank.check)."""
         _positive("ep", self.ep, 1 << 12)
         f = self.moe_imbalance
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 1:

@@ -16,7 +16,7 @@ from gpuwise.hardware.catalog import Catalog, load_catalog
 from gpuwise.planning.setup import Setup
 from gpuwise.recommend.option import Option, Recommendation
 from gpuwise.recommend.request import Constraints, Goal, Mode, Traffic
-from gpuwise.recommend.search import recommend
+from gpuwise.recommend.search import recommend, training_cost
 from gpuwise.recommend.serve import serve, serving_cost
 
 DAY = 86400
@@ -91,10 +91,6 @@ def _picks(r: Recommendation, cost: Callable[[Option], float]) -> tuple[Option |
     return fastest, cheapest, max(powered, key=lambda o: o.per_joule) if powered else None
 
 
-def _rent_for_the_goal(o: Option) -> float:
-    return o.rent_usd if o.rent_usd is not None else math.inf
-
-
 def guide(*, catalog: Catalog | None = None, calibrations: Mapping[str, Calibration] | None = None) -> Guide:
     """Each of ``JOBS`` ranked over ``catalog`` by ``recommend`` or ``serve``, and its picks. Nothing here is
     typed in but the jobs: the picks are the extremes of the engine's ranking."""
@@ -110,7 +106,7 @@ def guide(*, catalog: Catalog | None = None, calibrations: Mapping[str, Calibrat
             cost = serving_cost(r.constraints)
         else:
             r = recommend(source, job.setup, job.goal, limits, catalog=catalog, calibrations=calibrations)
-            cost = _rent_for_the_goal
+            cost = training_cost(r.constraints)
         fastest, cheapest, green = _picks(r, cost)
         scenarios.append(Scenario(name=job.name, command=f"gpuwise recommend {job.flags}", fastest=fastest,
                                   cheapest=cheapest, most_per_joule=green))

@@ -7,11 +7,12 @@ of a tensor-parallel group), and the ranking they make together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.setup import Setup
-from gpuwise.recommend.prices import Price
+from gpuwise.recommend.prices import Costs
 from gpuwise.recommend.request import Constraints, Goal, SortKey, Traffic
 
 if TYPE_CHECKING:  # loads torch
@@ -19,9 +20,9 @@ if TYPE_CHECKING:  # loads torch
 
 
 @dataclass(frozen=True, kw_only=True)
-class Option:
-    """What every row has: one accelerator at one count, how fast, and what it costs. ``excluded`` says why a
-    row is not among the recommendations (then the figures may be missing)."""
+class Option(Costs):
+    """What every row has: one accelerator at one count, how fast, and what it costs (``Costs``' fields). ``excluded``
+    says why a row is not among the recommendations (then the figures may be missing)."""
 
     gpu: str  # catalog key
     name: str
@@ -32,15 +33,16 @@ class Option:
     throughput: float | None  # tokens/s (or samples/s) over all the GPUs
     mfu: float | None
     time_to_goal_s: float | None
-    rent_usd_per_hour: Price | None  # per GPU
-    rent_usd: float | None  # the whole job
-    buy_usd: float | None  # every GPU
-    buy_price: Price | None
-    energy_kwh: float | None  # at board power (TDP): an upper bound
-    per_joule: float | None  # tokens (or samples) per joule at board power
     basis: str
     excluded: str | None = None
     pareto: bool = False
+
+    @classmethod
+    def left_out(cls, acc: Accelerator, n: int, why: str) -> Option:
+        """A row of this kind for ``n`` x ``acc`` that is not among the recommendations, and why."""
+        return cls(gpu=acc.key, name=acc.name, count=n, fits=False, flags="", step_time_s=None, throughput=None,
+                   mfu=None, time_to_goal_s=None, rent_usd_per_hour=None, rent_usd=None, buy_usd=None, buy_price=None,
+                   energy_kwh=None, per_joule=None, basis="", excluded=why)
 
     @property
     def gpus_total(self) -> int:
@@ -53,15 +55,14 @@ class Option:
     def to_dict(self) -> dict[str, Any]:
         """Every figure by its name, training's and serving's both (None where this kind has none), in one order:
         the shape a guide's picks are written in. Shallow: a Setup or a Price stays one."""
-        serving = self if isinstance(self, ServingOption) else None
         return {"gpu": self.gpu, "name": self.name, "count": self.count, "fits": self.fits,
-                "setup": self.setup if isinstance(self, TrainingOption) else None, "flags": self.flags,
+                "setup": getattr(self, "setup", None), "flags": self.flags,
                 "step_time_s": self.step_time_s, "throughput": self.throughput, "mfu": self.mfu,
                 "time_to_goal_s": self.time_to_goal_s, "rent_usd_per_hour": self.rent_usd_per_hour,
                 "rent_usd": self.rent_usd, "buy_usd": self.buy_usd, "buy_price": self.buy_price,
                 "energy_kwh": self.energy_kwh, "per_joule": self.per_joule, "basis": self.basis,
                 "excluded": self.excluded, "pareto": self.pareto,
-                **{name: getattr(serving, name, None) for name in SERVING_FIELDS}}
+                **{name: getattr(self, name, None) for name in SERVING_FIELDS}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +88,8 @@ class ServingOption(Option):
         return self.count * (self.replicas or 1)
 
 
-SERVING_FIELDS = ("per_user", "ttft_s", "max_concurrency", "replicas", "decode_batch", "weight_bytes_read")
+# what only a serving row has, in its order: the tail of every row in a guide's picks
+SERVING_FIELDS = tuple(f.name for f in fields(ServingOption) if f.name not in {g.name for g in fields(Option)})
 
 
 @dataclass(frozen=True, kw_only=True)

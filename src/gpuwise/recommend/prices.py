@@ -37,9 +37,9 @@ class Costs:
     energy_kwh: float | None  # at board power (TDP): an upper bound
     per_joule: float | None  # tokens (or samples) per joule at board power
 
-    def fields(self) -> dict[str, Any]:
-        """The figures by name, shallow (a Price stays a Price): an Option's cost fields."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def figures(self) -> dict[str, Any]:
+        """The cost figures by name, shallow (a Price stays a Price): what an Option takes from them."""
+        return {f.name: getattr(self, f.name) for f in fields(Costs)}
 
 
 def rent_price(acc: Accelerator, quotes: Mapping[str, Price]) -> Price | None:

@@ -27,10 +27,10 @@ def chosen(acc: Accelerator, c: Constraints) -> bool:
     return not (c.ecosystem and acc.ecosystem != c.ecosystem)
 
 
-def check_goal_for_limits(goal: Goal, c: Constraints, *, serving: bool = False) -> None:
+def check_goal_for_limits(goal: Goal, c: Constraints) -> None:
     """A deadline is on the time to a goal, and so is a rent budget; without a goal neither can be judged."""
     asks = [f for f, v in (("--deadline", c.deadline_s),
-                           ("--budget", c.budget_usd if c.mode == "rent" and not serving else None)) if v is not None]
+                           ("--budget", c.budget_usd if c.mode == "rent" else None)) if v is not None]
     if asks and goal.amount is None:
         raise GpuwiseError(f"{asks[0]} is judged against a goal, and none was given",
                            "add --tokens (or --samples, or --epochs with --dataset-size)")

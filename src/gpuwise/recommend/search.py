@@ -8,7 +8,7 @@ and prices the first that fits: time to the goal, rent, purchase, energy, tokens
 kept with the reason.
 
 A Mixture of Experts trains at its captured step's FLOPs, which are the routed tokens' (each token through its
-top-k experts: about 6 x N_active a token plus attention, tests/test_moe.py), never 6 x N_total: the cost model
+top-k experts: about 6 x N_active a token plus attention, planning/test_experts.py), never 6 x N_total: the cost model
 (cost/step.py ``step_time``) prices every captured op, and no parameter-count shortcut enters the time to the
 goal. Its memory holds every expert.
 
@@ -19,7 +19,7 @@ goal. Its memory holds every expert.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -56,8 +56,6 @@ def _states_bytes(step: PerGpu) -> float:
     return float(step.live[:, cols].sum(axis=1).max()) - step.paged_bytes
 
 
-
-
 def _precision(acc: Accelerator, asked: str | None) -> tuple[str | None, str | None]:
     """The precision to run on ``acc`` and, if it cannot train there, why."""
     if asked is not None:
@@ -65,13 +63,12 @@ def _precision(acc: Accelerator, asked: str | None) -> tuple[str | None, str | N
         if not acc.peak_tflops.get(spec.rate_key):
             return None, f"no {spec.rate_key} rate on this chip for --precision {asked}"
         return asked, None
-    bf16 = acc.bf16
-    chosen = default_precision(gpu=True, bf16=bf16)
-    if not acc.peak_tflops.get(PRECISIONS[chosen].rate_key):
+    default = default_precision(gpu=True, bf16=acc.bf16)
+    if not acc.peak_tflops.get(PRECISIONS[default].rate_key):
         if acc.peak_tflops.get("fp32"):
             return "fp32", None
         return None, "an inference chip: no fp16, bf16 or fp32 rate to train with"
-    return chosen, None
+    return default, None
 
 
 @dataclass
@@ -117,13 +114,13 @@ class _Search:
                 if micro == 0 or per_gpu // micro > MAX_ACCUM:
                     continue
                 exact = self._captured(probe, micro, per_gpu // micro)
-                while not fit_on(exact, acc).fits and micro > 1:  # the affine batch model was a sample off
+                while not fit_on(exact, acc, timed=False).fits and micro > 1:  # the affine batch model was a sample off
                     micro = largest_micro_batch(per_gpu, micro - 1)
                     exact = self._captured(probe, micro, per_gpu // micro)
             except NotApplicable as exc:
                 reason = exc.args[0]
                 continue
-            if not fit_on(exact, acc).fits:
+            if not fit_on(exact, acc, timed=False).fits:
                 continue
             exact = replace(exact, setup=replace(exact.setup, precision=precision))  # the rate of the run's own
             self.costed = self.costed or exact
@@ -212,7 +209,7 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
         if why is None and not counts:
             why = f"--batch {setup.batch} does not split over {acc.name}'s counts within --max-gpus"
         if why is not None:
-            excluded.append(_left_out(acc, counts[0] if counts else 1, why))
+            excluded.append(TrainingOption.left_out(acc, counts[0] if counts else 1, why))
             continue
         found = _try_counts(search, acc, counts, run_precision, setup, goal, c, per_sample if unit == "tokens" else 1)
         if not found[0] and acc.segment == "datacenter":  # the model needs more than a node: go past it
@@ -221,10 +218,9 @@ def recommend(source, setup: Setup, goal: Goal, constraints: Constraints | None 
                                 per_sample if unit == "tokens" else 1) if more else found
         rows.extend(found[0])
         if not found[0]:
-            excluded.append(_left_out(acc, counts[-1], found[1]))
+            excluded.append(TrainingOption.left_out(acc, counts[-1], found[1]))
     kept, out = within(rows, c)
-    cost = (lambda r: r.rent_usd if r.rent_usd is not None else math.inf) if c.mode == "rent" else (
-        lambda r: r.buy_usd if r.buy_usd is not None else math.inf)
+    cost = training_cost(c)
     if goal.amount is not None:
         front = pareto(kept, cost)
         kept = [replace(r, pareto=i in front) for i, r in enumerate(kept)]
@@ -258,11 +254,6 @@ def _try_counts(search: _Search, acc: Accelerator, counts: list[int], precision:
     return rows, reason
 
 
-def _left_out(acc: Accelerator, n: int, why: str) -> TrainingOption:
-    return TrainingOption(gpu=acc.key, name=acc.name, count=n, fits=False, flags="", step_time_s=None,
-                          throughput=None, mfu=None, time_to_goal_s=None, rent_usd_per_hour=None, rent_usd=None,
-                          buy_usd=None, buy_price=None, energy_kwh=None, per_joule=None, basis="", excluded=why)
-
 
 def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t: StepTime, goal: Goal, c: Constraints,
             per_sample: int) -> TrainingOption:
@@ -274,4 +265,13 @@ def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t: StepTime, goal
     return TrainingOption(
         gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(run, base),
         step_time_s=t.seconds, throughput=throughput, mfu=t.mfu, time_to_goal_s=None if hours is None else hours * 3600,
-        basis=t.basis, **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).fields())
+        basis=t.basis, **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
+
+
+def training_cost(c: Constraints) -> Callable[[Option], float]:
+    """Rent of the whole job (to the goal), or the purchase of every GPU."""
+    def cost(r: Option) -> float:
+        if c.mode == "rent":
+            return r.rent_usd if r.rent_usd is not None else math.inf
+        return r.buy_usd if r.buy_usd is not None else math.inf
+    return cost

@@ -79,7 +79,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
                                             experts=experts)
                 rows.extend(found)
                 if not found:
-                    excluded.append(_left_out(acc, 1, why))
+                    excluded.append(ServingOption.left_out(acc, 1, why))
         unit = "tokens"
     else:
         if goal.tokens is not None:
@@ -93,7 +93,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
                                                               precision=precision or _infer_precision(acc)),
                                           traffic, c, goal, calibrations.get(acc.key))
                 if option is None:
-                    excluded.append(_left_out(acc, 1, why))
+                    excluded.append(ServingOption.left_out(acc, 1, why))
                 else:
                     rows.append(option)
         unit = "samples"
@@ -153,7 +153,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
 
     def moe(n: int) -> dict:
         """decode_time's MoE arguments for one of ``n`` GPUs: its share of the active parameters (the captured
-        step's parameters are the total, source.Experts')."""
+        step's parameters are the total, experts.Experts')."""
         if experts is None:
             return {}
         return {"active_params": params / n * experts.active / experts.total, "experts": experts.experts,
@@ -162,7 +162,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     if not any(acc.peak_tflops.get(k) for k in ("bf16", "fp16", "fp32")):
         return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
     rows, why = [], "the weights and one sequence's KV cache do not fit even on a full node"
-    latent = getattr(dims, "kv_latent", 0)  # MLA's latent cache is whole on every GPU (source.Decoder)
+    latent = getattr(dims, "kv_latent", 0)  # MLA's latent cache is whole on every GPU (sources.base.Decoder)
     for n in _powers_within(acc, c):
         if dims.heads % n:
             why = f"{dims.heads} attention heads do not split over {n} GPUs"
@@ -263,10 +263,5 @@ def _served(acc: Accelerator, n: int, replicas: int, throughput: float, latency:
         mfu=mfu, time_to_goal_s=None if hours is None else hours * 3600, basis=basis, per_user=1 / latency,
         ttft_s=first, max_concurrency=fits, replicas=replicas, decode_batch=decode_batch,
         weight_bytes_read=weight_bytes_read,
-        **costs(acc, gpus=gpus, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).fields())
+        **costs(acc, gpus=gpus, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
 
-
-def _left_out(acc: Accelerator, n: int, why: str) -> ServingOption:
-    return ServingOption(gpu=acc.key, name=acc.name, count=n, fits=False, flags="", step_time_s=None,
-                         throughput=None, mfu=None, time_to_goal_s=None, rent_usd_per_hour=None, rent_usd=None,
-                         buy_usd=None, buy_price=None, energy_kwh=None, per_joule=None, basis="", excluded=why)

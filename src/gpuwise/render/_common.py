@@ -58,6 +58,7 @@ def _seconds3(s: float | None) -> str:
     """Three significant figures, for a narrow column: 95.1 µs, 604 ms, 1.23 s, 4210 s."""
     if s is None or s != s:
         return "-"
+    s = float(f"{s:.3g}")  # rounded before the unit is chosen: 0.9996 s is 1 s, never "1e+03 ms"
     if s >= 100:
         return f"{s:.0f} s"
     return f"{s * 1e6:.3g} µs" if s < 1e-3 else f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"

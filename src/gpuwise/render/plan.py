@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuwise.hardware.catalog import load_catalog
+from gpuwise.planning.cost.validation import HELD_OUT_ERROR
 from gpuwise.render._common import _count, _seconds3, to_jsonable
 from gpuwise.units import human_bytes
 
@@ -136,7 +137,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                       "llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
         console.print(f"step: modelled op by op at the {rates}datasheet's rates (planning/cost/step.py), as recommend "
-                      "ranks it; bound: the roofline, max(FLOPs / dense peak, bytes / bandwidth), which no step beats")
+                      f"ranks it ({HELD_OUT_ERROR}); bound: the roofline, max(FLOPs / dense peak, bytes / bandwidth), "
+                      "which no step beats")
     missing = [f.gpu for f in plan.gpus if f.missing_dtype]
     if missing:
         verb = "has" if len(missing) == 1 else "have"
@@ -194,7 +196,7 @@ def render_models(models: list[ZooModel], console: Console) -> None:
 
 
 def _all_to_all_text(a) -> str:
-    """--ep: the all-to-alls' bytes (parallel.AllToAll), how they are counted, and their time."""
+    """--ep: the all-to-alls' bytes (parallel.expert.AllToAll), how they are counted, and their time."""
     recompute = " + 1 (the dispatch, recomputed: --checkpointing)" if a.dispatches > 1 else ""
     formula = (f"({a.exchanges} exchanges: dispatch and combine x forward and backward{recompute}) x "
                f"{a.moe_layers} MoE layers x {a.tokens:,} tokens x top-{a.top_k} x hidden {a.hidden} x {a.itemsize} B"

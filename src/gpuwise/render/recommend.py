@@ -8,6 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from gpuwise.planning.cost.validation import HELD_OUT_ERROR
 from gpuwise.render._common import _num, to_jsonable
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def _rate(x: float | None) -> str:
 
 def _settings(o: Option) -> str:
     """The run in a few words: sharding, checkpointing, precision if not bf16 autocast, micro-batch x accumulation."""
-    s = o.to_dict()["setup"]  # a training row's run; None for a row left out (and a serving row)
+    s = getattr(o, "setup", None)  # a training row's run; None for a row left out (and a serving row)
     if s is None:
         return "-"
     parts = [s.sharding] if s.gpus > 1 else []
@@ -189,7 +190,7 @@ def render_recommend(r: Recommendation, console: Console) -> None:
     if r.best is not None:
         notes.append(f"to run the first row: gpuwise train (or plan) ... {r.best.flags}".rstrip()
                      if r.best.flags else "the first row runs as given")
-        notes.append(f"basis of the first row: {r.best.basis}")
+        notes.append(f"basis of the first row: {r.best.basis}; {HELD_OUT_ERROR}")
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
             p = r.best.rent_usd_per_hour
             notes.append(f"its price: ${p.usd:.2f}/GPU-hour, {p.source}" + (f" ({p.date})" if p.date else ""))

@@ -159,7 +159,7 @@ class TrainOptions:
     gpus: int | None = None  # None: whatever torchrun started; else it must equal torchrun's world size
     auto: bool = True  # the planner picks the micro-batch (and the precision is the device's default)
     fused: bool | None = None  # fused AdamW (None: on GPUs; foreach on CPUs)
-    workers: int | None = None  # DataLoader workers for --data (None: 4 on GPUs, 0 on CPUs)
+    workers: int | None = None  # DataLoader workers for --data (None: environment.suggested_workers)
     checkpoint_dir: str | None = None
     resume: bool = False
     task: Task = "train"  # the planner's task: train only; finetune-lora and infer are plan only

@@ -14,12 +14,14 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # the processes on this machine, which share its cores
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Ranks:
-        """torchrun's RANK, WORLD_SIZE and LOCAL_RANK (a plain ``python`` run is one process)."""
+        """torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (a plain ``python`` run is one process)."""
         return cls(rank=int(environ.get("RANK", 0)), world_size=int(environ.get("WORLD_SIZE", 1)),
-                   local_rank=int(environ.get("LOCAL_RANK", 0)))
+                   local_rank=int(environ.get("LOCAL_RANK", 0)),
+                   local_world_size=int(environ.get("LOCAL_WORLD_SIZE", 1)))
 
     @property
     def main(self) -> bool:

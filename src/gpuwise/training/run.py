@@ -105,7 +105,7 @@ def prepare(opts: TrainOptions, ranks: Ranks, machine: LocalMachine) -> Prepared
     return Prepared(target=target, config=config)
 
 
-def _task(opts: TrainOptions, batch: int, seed: int, cuda: bool):
+def _task(opts: TrainOptions, batch: int, seed: int, gpus_here: int):
     from gpuwise.training import tasks
 
     if opts.config.loss != "standard" and (opts.model or opts.example != "text"):
@@ -114,10 +114,9 @@ def _task(opts: TrainOptions, batch: int, seed: int, cuda: bool):
     if opts.model:
         if opts.seq is not None or opts.image_size is not None:
             raise GpuwiseError("--seq and --image-size do not apply to --model", "size the data in your functions")
-        from gpuwise.environment import suggested_workers
-        from gpuwise.monitor.host import usable_cores
+        from gpuwise.environment import suggested_workers, usable_cores
 
-        workers = opts.workers if opts.workers is not None else suggested_workers(usable_cores(), 1 if cuda else 0)
+        workers = opts.workers if opts.workers is not None else suggested_workers(usable_cores(), gpus_here)
         return tasks.file_task(opts.model, opts.data, batch, seed, workers)
     if opts.example == "text":
         if opts.image_size is not None:
@@ -181,7 +180,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
     say = (lambda text: on_event(text)) if on_event and ranks.main else (lambda text: None)
     if config.sharding == "fsdp" and world == 1:
         say("--sharding fsdp with one process shards nothing: training unsharded (run it under torchrun)")
-    task = _task(opts, config.batch, config.seed, target.gpu)
+    task = _task(opts, config.batch, config.seed, ranks.local_world_size if target.gpu else 0)
     free = None
     if opts.auto:
         import psutil
@@ -288,8 +287,8 @@ def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STE
     if not opts.data:
         return replace(nothing, note="the built-in example makes its batches in memory, with no DataLoader to "
                                      "change: --fix-input applies to --data")
-    workers = int(change.get("num_workers", opts.workers or 0))
-    before = opts.workers if opts.workers is not None else 0
+    before = int(finding.evidence.get("num_workers_now", opts.workers or 0))  # what the run had, default or given
+    workers = int(change.get("num_workers", before))
     rerun = replace(opts, workers=workers, checkpoint_dir=None, resume=False, auto=False,
                     config=replace(opts.config, steps=min(steps, opts.config.steps), micro_batch=summary.micro_batch,
                                    precision=summary.precision, checkpoint_every=0, eval_every=0))
@@ -302,12 +301,12 @@ def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STE
 def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int) -> Context:
     """What the diagnosis knows of this run: the machine, how its data loads, and (on a catalog GPU) the run's
     plan: the roofline, the predicted step time and peak memory, the kernels a step launches, the remedies. After
-    an OOM retry (``micro`` is not the plan's) only the peak is known, from the plan's batch model."""
+    an OOM retry (``micro`` is not the plan's) they are the step's at the micro-batch it fell back to."""
     from dataclasses import replace as _replace
 
-    from gpuwise.monitor.host import usable_cores
+    from gpuwise.environment import usable_cores
     from gpuwise.monitor.verdict import Context, Loader
-    from gpuwise.precision import PRECISIONS
+    from gpuwise.training.meter import mfu_peak_tflops
 
     loader = getattr(task.data, "loader_settings", None)
     loader = loader(pin=target.backend == "cuda") if loader is not None else Loader(num_workers=0)
@@ -316,13 +315,11 @@ def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int
     row = target.row
     if not target.gpu or row is None or plan.gpu is None:  # off the catalog, or the model was not captured
         return ctx
-    same = plan.setup is not None and micro == plan.setup.micro_batch
-    return _replace(ctx, remedies=tuple(f"{r.name}: add {r.flags}" if r.flags else r.name for r in plan.remedies),
-                    peak_tflops=row.peak_tflops.get(PRECISIONS[config.precision].rate_key),
-                    bandwidth_gbps=row.memory_bandwidth_gbps, planned_step_s=plan.step_s if same else None,
-                    planned_peak_bytes=plan.peak_bytes(micro),
-                    planned_bytes_per_step=plan.bytes_per_step if same else None,
-                    kernels_per_step=plan.kernels_per_step if same else None)
+    ran = plan.at(micro)  # the plan's own step, or the one an OOM retry fell back to
+    return _replace(ctx, remedies=tuple(f"{r.name}: add {r.flags}" if r.flags else r.name for r in ran.remedies),
+                    peak_tflops=mfu_peak_tflops(target, config.precision), bandwidth_gbps=row.memory_bandwidth_gbps,
+                    planned_step_s=ran.step_s, planned_peak_bytes=plan.peak_bytes(micro),
+                    planned_bytes_per_step=ran.bytes_per_step, kernels_per_step=ran.kernels_per_step)
 
 
 # Settings a checkpoint keeps so ``--resume`` need not repeat them: those that change what is trained (a

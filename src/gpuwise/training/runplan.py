@@ -1,7 +1,7 @@
 """What the planner says of one training run, decided once before the Trainer starts: the micro-batch ``--auto``
 chose, the FLOPs per step (MFU's numerator), the memory the step holds, and on a catalog GPU the planned step
-time, whether the step fits and the remedies. One ``Planner`` session captures each setup once; the Trainer and
-the monitor read the frozen ``RunPlan`` and never call the planner.
+time and whether the step fits; the remedies, and the step at an OOM retry's micro-batch, are planned from the same
+``Planner`` session when first asked. The Trainer and the monitor ask the ``RunPlan``, never the planner.
 
 >>> # run = plan_run(task.source, config, target, ranks=ranks, seq=task.seq, free_bytes=None, why="as asked")
 >>> # run.flops_per_step, run.peak_bytes(run.setup.micro_batch)
@@ -10,12 +10,13 @@ the monitor read the frozen ``RunPlan`` and never call the planner.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from gpuwise.errors import GpuwiseError, NotApplicable
+from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.capture.scaling import Timeline
 from gpuwise.planning.capture.tracker import CATEGORIES, NONE
-from gpuwise.planning.cost.step import step_time
 from gpuwise.planning.fit import fit_on
 from gpuwise.planning.planner import Planner, RemedyGpu
 from gpuwise.planning.remedies import Remedy, remedies
@@ -23,7 +24,6 @@ from gpuwise.planning.setup import Setup
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:
-    from gpuwise.hardware.catalog import Accelerator
     from gpuwise.hardware.device import Target
     from gpuwise.training.config import TrainConfig
     from gpuwise.training.distributed import Ranks
@@ -44,16 +44,40 @@ class RunPlan:
     batch_memory: Timeline | None = field(default=None, repr=False, compare=False)
     gpu: str | None = None  # the catalog GPU the figures below are for (None off a catalog GPU)
     fits: bool | None = None
-    remedies: tuple[Remedy, ...] = ()  # those that fit, in order (computed only when the step does not fit)
     step_s: float | None = None  # the cost model's step time on ``gpu`` (planning/cost/step.py)
     bytes_per_step: float | None = None
     kernels_per_step: int | None = None  # ops of the captured step that launch a kernel
+    # the session and catalog row the figures came from: what an OOM (or the end of a monitored run) asks later, the
+    # remedies and the step at a retry's micro-batch, is planned from them only then
+    planner: Planner | None = field(default=None, repr=False, compare=False)
+    row: Accelerator | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def remedies(self) -> tuple[Remedy, ...]:
+        """Those that fit, in order; none where the step fits (or off the catalog). Planned on first use."""
+        if self.fits is not False or self.planner is None or self.row is None or self.setup is None:
+            return ()
+        try:
+            return tuple(r for r in remedies(self.setup, RemedyGpu(self.planner, self.row)) if r.fits)
+        except (GpuwiseError, NotApplicable):
+            return ()
+
+    def at(self, micro: int) -> RunPlan:
+        """The plan at another micro-batch (an OOM retry's, the same samples a step), from the same session."""
+        if self.setup is None or self.planner is None or micro < 1 or micro == self.setup.micro_batch:
+            return self
+        per = self.setup.micro_batch * self.setup.grad_accum
+        return planned(self.planner, replace(self.setup, micro_batch=micro, grad_accum=max(1, per // micro)),
+                       self.row, micro_batch=self.micro_batch, auto=self.auto, batch_memory=self.batch_memory)
 
     def _live(self, micro: int):
         if self.setup is not None and micro == self.setup.micro_batch and self.memory is not None:
             return self.memory.live(micro), self.memory.labels
         if self.batch_memory is not None and micro >= 1:
             return self.batch_memory.live(micro), self.batch_memory.labels
+        exact = self.at(micro)
+        if exact is not self and exact.memory is not None:
+            return exact.memory.live(micro), exact.memory.labels
         return None, ()
 
     def peak_bytes(self, micro: int) -> float | None:
@@ -65,18 +89,19 @@ class RunPlan:
         """At an OOM on a catalog GPU: the plan's peak at ``micro`` by category and its first ``count`` remedies,
         each as the flags to add (or, where the plan fits, that another process may hold memory)."""
         live, labels = self._live(micro)
-        if live is None or self.gpu is None:
+        plan = self.at(micro)
+        if live is None or plan.gpu is None:
             return None
         i = int(live.sum(axis=1).argmax())
         phase, block = labels[i]
         parts = ", ".join(f"{k} {human_bytes(int(v))}" for k, v in zip(CATEGORIES, live[i], strict=True) if int(v))
         at = phase if block is None or block < 0 else f"{phase}, block {block}"
         text = f"the plan's peak at micro-batch {micro}: {human_bytes(int(live.sum(axis=1)[i]))} in {at} ({parts})"
-        if self.remedies:
+        if plan.remedies:
             text += "; remedies in order: " + "; ".join(f"{r.name} ({r.flags})" if r.flags else r.name
-                                                        for r in self.remedies[:count])
-        elif self.fits:
-            text += f"; the plan fits it on {self.gpu}: another process may hold memory (nvidia-smi)"
+                                                        for r in plan.remedies[:count])
+        elif plan.fits:
+            text += f"; the plan fits it on {plan.gpu}: another process may hold memory (nvidia-smi)"
         return text
 
     def oom_note(self, micro: int) -> list[str]:
@@ -122,12 +147,13 @@ def planned(planner: Planner, setup: Setup, row: Accelerator | None, **given) ->
     except (GpuwiseError, NotApplicable):  # the model cannot be captured: the run goes on without a plan
         return RunPlan(setup=setup, **given)
     w = step.workload
-    figures = {"flops_per_step": w.flops_per_step, "memory": step.timeline}
+    figures = {"flops_per_step": w.flops_per_step, "memory": step.timeline, "planner": planner}
     if row is not None:
-        fit = fit_on(step, row)
-        t = step_time(step, row)
-        fixes = () if fit.fits else tuple(r for r in remedies(setup, RemedyGpu(planner, row)) if r.fits)
-        figures |= {"gpu": row.key, "fits": fit.fits, "remedies": fixes, "step_s": None if t is None else t.seconds,
+        try:
+            fit = fit_on(step, row)
+        except (GpuwiseError, NotApplicable):  # no figures on this GPU: the run goes on without them
+            return RunPlan(setup=setup, **given, **figures)
+        figures |= {"gpu": row.key, "row": row, "fits": fit.fits, "step_s": fit.step_time_s,
                     "bytes_per_step": float(w.bytes_per_step),
                     "kernels_per_step": int(w.costs.count[w.costs.kind != NONE].sum())}
     return RunPlan(setup=setup, **given, **figures)

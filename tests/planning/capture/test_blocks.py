@@ -176,7 +176,7 @@ def test_models_that_read_values_while_built_plan(tmp_path, capsys):
     ({"architectures": 5}, "architectures 5 is not a list of class names"),
 ])
 def test_config_values_that_would_build_for_hours_or_crash_are_one_line(capsys, tmp_path, config, message):
-    """Checked when the file is read: the stack's meta-device build (stack.py) came first and ran for minutes."""
+    """Checked when the file is read: the stack's meta-device build (blocks.py) came first and ran for minutes."""
     pytest.importorskip("transformers")
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,

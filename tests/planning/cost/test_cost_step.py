@@ -60,7 +60,7 @@ def test_a_pure_gemm_runs_at_its_efficiency_times_the_peak(gpt2_step):
     step = dataclasses.replace(gpt2_step, workload=dataclasses.replace(gpt2_step.workload,
                                                                        costs=_only(1e15, 1e6, MATMUL)))
     t = step_time(step, H100)
-    share = 1.11 * 700 / 989.5  # the clock a 700 W H100 SXM holds (costmodel.POWER)
+    share = 1.11 * 700 / 989.5  # the clock a 700 W H100 SXM holds (cost.step.POWER)
     assert t.seconds == pytest.approx(1e15 / (0.57 * share * 989.5e12))  # the matmul share, bf16 dense peak
     assert t.compute_s == t.seconds and t.memory_s == t.launch_s == t.comm_s == 0
     assert "989.5 TFLOPS" in t.basis and "anchors 5,13 (A100), 6" in t.basis and "700 W" in t.basis

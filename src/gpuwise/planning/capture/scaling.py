@@ -10,7 +10,7 @@ is the 2-block one with one more block's samples inserted in each pass (forward,
 samples they share differ by what one extra block holds at that point. The L-block timeline
 repeats the inserted block L-2 times, each copy offset by what one block leaves behind, and
 scales the shared samples by L-2. With L=2 or 3 it gives back the captures themselves.
-A stack whose blocks differ (stack.py: dense then MoE, sliding and global attention) is captured
+A stack whose blocks differ (blocks.py: dense then MoE, sliding and global attention) is captured
 the same way with a repeating unit of blocks in place of the block.
 """
 
@@ -122,7 +122,7 @@ def _stretches(mask: np.ndarray) -> list[tuple[bool, int, int]]:
 
 def extrapolate_blocks(t2: Timeline, t3: Timeline, n_layer: int | Stack) -> Timeline:
     """The timeline of ``n_layer`` blocks from those of 2 and 3 blocks (see the module docstring), or of the
-    stack a Stack describes from its captures at ``Stack.captured`` blocks (stack.py)."""
+    stack a Stack describes from its captures at ``Stack.captured`` blocks (blocks.py)."""
     stack = n_layer if isinstance(n_layer, Stack) else Stack.uniform(n_layer)
     if stack.n_layer < stack.small:
         raise ValueError(f"extrapolate_blocks needs n_layer >= {stack.small}")

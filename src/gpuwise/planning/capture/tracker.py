@@ -73,7 +73,7 @@ _NO_FLOPS = frozenset({
 # Op kinds for the cost model: tensor-core GEMMs (matmul, conv), attention kernels (SDPA / gpuwise attention),
 # other kernels (elementwise, reductions, norms, optimizer foreach: memory-bound), ops that launch no kernel, and
 # fp8 GEMMs (``_scaled_mm``: --precision fp8's linear layers, at the catalog's fp8 rate), and GEMMs whose operands
-# are fp32 (in a 16-bit run: MoE experts under autocast, autocast.py; costmodel.py prices them at the fp32 rate).
+# are fp32 (in a 16-bit run: MoE experts under autocast, autocast.py; cost/step.py prices them at the fp32 rate).
 KINDS = ("matmul", "attention", "other", "none", "matmul-fp8", "matmul-fp32")
 MATMUL, ATTENTION, OTHER, NONE, MATMUL_FP8, MATMUL_FP32 = range(6)
 PHASES = ("forward", "backward", "optimizer")

@@ -35,7 +35,7 @@ class Workload:
     timeline: Timeline = field(repr=False)  # exact at setup.micro_batch
     batch_model: Timeline | None = field(repr=False)  # affine in the batch, valid from setup.micro_batch (+1 at worst)
     uncosted: dict[str, int]
-    captured_blocks: tuple[int, ...] | None  # (2, 3) when a stack of blocks was captured small and scaled (stack.py)
+    captured_blocks: tuple[int, ...] | None  # (2, 3) when a stack of blocks was captured small and scaled (blocks.py)
     # The captures behind it, per block count (2 and 3, or the whole model): at the micro-batch, then those the
     # batch model came from (b+1, or b+1 and b+2). ``at`` predicts the step at other micro-batches from them.
     captures: tuple[tuple[Capture, ...], ...] = field(default=(), repr=False, compare=False)
@@ -85,7 +85,7 @@ def _alone(c: Capture) -> Timeline:
 
 
 def _capture(source, setup: Setup, *, batch: int, n_layer: int | None) -> Capture:
-    """``capture``, read from the disk cache where this model and setup were captured before (capture_cache)."""
+    """``capture``, read from the disk cache where this model and setup were captured before (capture/cache.py)."""
     name = capture_cache.key(source, setup, batch, n_layer)
     hit = capture_cache.load(name)
     if isinstance(hit, Capture) and hit.batch == batch:
@@ -130,7 +130,7 @@ def _timelines(group: tuple[Capture, ...]) -> tuple[Capture, Timeline, Timeline 
 
 def simulate(source, setup: Setup, *, batch_model: bool = True) -> Workload:
     """Capture ``setup`` on fake tensors; a deep stack of blocks is captured with 2 and 3 blocks (or 2 and 3 repeating
-    units after its first blocks: stack.py) and scaled.
+    units after its first blocks: blocks.py) and scaled.
 
     ``batch_model=False`` skips the second capture that makes the memory affine in the batch (no max batch then).
     A setup the model cannot take (LoRA on blocks without linear layers, checkpointing without blocks) is the

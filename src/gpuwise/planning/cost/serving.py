@@ -177,7 +177,7 @@ def moe_weights_read(params: float, active_params: float, *, experts: int, top_k
     """Parameters one forward of ``tokens`` tokens reads (a decode step at batch B reads B tokens, a prefill its
     prompt), under uniform routing (``UNIFORM_ROUTING``): the dense ones (attention, norms, routers, shared experts,
     embeddings) and the routed experts touched, ``experts_touched / E`` of the routed ``R``. Mixtral-style counts
-    give ``R`` from the total and the active: ``N - N_active = R (E - k) / E`` (source.Experts.active), so
+    give ``R`` from the total and the active: ``N - N_active = R (E - k) / E`` (experts.Experts.active), so
 
         read(B) = N - R (1 - k/E)^B = N - (N - N_active) (1 - k/E)^(B - 1)
 
@@ -197,7 +197,7 @@ def moe_weights_read(params: float, active_params: float, *, experts: int, top_k
 
 def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, kv_bytes: float = 2, latent: int = 0) -> int:
     """K and V of every layer for one token: 2 x layers x kv_heads x head_dim x bytes; under multi-head latent
-    attention (``latent``: source.Decoder.kv_latent, kv_lora_rank + qk_rope_head_dim) layers x latent x bytes, what
+    attention (``latent``: Decoder.kv_latent, kv_lora_rank + qk_rope_head_dim) layers x latent x bytes, what
     transformers 5 and vLLM both cache (DeepSeek-V3: 61 x 576 x 2 = 70,272 B, not 2 x 61 x 128 heads x 56)."""
     _positive(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes)
     if latent:
@@ -277,7 +277,7 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     fit = DECODE[cls]
     eta_bw = min(1.0, fit.eta / COPY_CEILING) if measured_bw else fit.eta
     key, tflops, measured = _rate(acc, calibration, quant)
-    if tflops and not measured:  # the clock the board holds at its power (costmodel.POWER)
+    if tflops and not measured:  # the clock the board holds at its power (cost.step.POWER)
         tflops *= clock_share(acc)[0]
     mm: Efficiency = efficiency("matmul", acc)
     eta_c = min(1.0, mm.value / GEMM_CEILING) if measured else mm.value

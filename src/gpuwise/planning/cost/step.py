@@ -159,7 +159,7 @@ class StepTime:
     # all-to-alls; None where the catalog lacks the rate it needs
     bound_s: float | None = None
     rates: Rates = "datasheet"  # the bound's (and the model's) peaks: the catalog's, or measured by bench --calibrate
-    all_to_all_s: float = 0.0  # --ep: the MoE layers' all-to-alls (parallel.AllToAll), never hidden
+    all_to_all_s: float = 0.0  # --ep: the MoE layers' all-to-alls (parallel.expert.AllToAll), never hidden
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +248,7 @@ def comm_bytes(step: PerGpu) -> tuple[float, float]:
 
     (Pn of the trainable parameters; Pn_all of all of them)."""
     s = step.setup
-    n = s.dp * s.cp  # the gradient-reducing group; tensor, pipeline and ring traffic is not timed (parallel.py)
+    n = s.dp * s.cp  # the gradient-reducing group; tensor, pipeline and ring traffic is not timed (planning/parallel/)
     if n == 1 or not s.training:
         return 0.0, 0.0
     w = step.workload
@@ -273,7 +273,7 @@ def comm_bytes(step: PerGpu) -> tuple[float, float]:
 
 
 def all_to_all_time(a2a, acc: Accelerator) -> tuple[float, Link] | None:
-    """Seconds the --ep all-to-alls (parallel.AllToAll) take a step on ``acc``: the bytes the busiest GPU moves
+    """Seconds the --ep all-to-alls (parallel.expert.AllToAll) take a step on ``acc``: the bytes the busiest GPU moves
     each way (``AllToAll.busiest``, the (ep - 1) / ep that leave the GPU) over the bus bandwidth of the ``ep``
     GPUs' link (the node's; the network's share where ep is more GPUs than a node has). NCCL's all-to-all bus
     bandwidth is taken as the link's per direction x efficiency (``allreduce_link``'s derived figure, not a
@@ -301,7 +301,7 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
 
     ``int8``: an inference step quantised to int8 end to end (edge NPUs, TensorRT INT8): the int8 rate (TOPS),
     and each op's bytes scaled from the captured 16-bit elements to one byte. ``all_to_all``: the --ep
-    all-to-alls of the step (parallel.AllToAll), added where ``acc`` has a link figure (the experts wait on them)."""
+    all-to-alls of the step (expert.AllToAll), added where ``acc`` has a link figure (the experts wait on them)."""
     if int8 and step.setup.training:
         raise ValueError("int8 costs inference steps only")
     key, datasheet, measured, gbps_measured = _peak(step, acc, calibration, int8)

@@ -89,7 +89,7 @@ class AllToAll:
     ep: int
     factor: float = 1.0  # the busiest GPU's routed rows over its balanced tokens x k (hot_rank_factor)
     dispatches: int = 1  # forward dispatches a layer: 2 where checkpointing recomputes the block
-    seconds: float | None = None  # the exchanges' time on the plan's GPU (costmodel.all_to_all_time), if timed
+    seconds: float | None = None  # the exchanges' time on the plan's GPU (cost.step.all_to_all_time), if timed
     link: str | None = None  # the link they are timed over, or why they are not
 
     @property

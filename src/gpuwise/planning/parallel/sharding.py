@@ -36,7 +36,7 @@ HSDP (``--nodes M`` with fsdp): the states shard over the GPUs of one node's dat
 (``Setup.shard_gpus``) and are replicated across nodes: per GPU what FSDP over that group holds.
 Tensor, pipeline and context parallelism change the capture itself (planning/parallel/); the
 data-parallel degree is what is left, ``gpus / (tp x pp x cp)``.
-Expert parallelism (``--ep``) changes the capture too: the GPU holds E / ep of the routed experts (parallel.py).
+Expert parallelism (``--ep``) changes the capture too: the GPU holds E / ep of the routed experts (planning/parallel/).
 Their states then shard over the ``shard_gpus / ep`` ranks of torchtitan's ``dp_shard_mod_ep`` mesh, the others'
 over all ``shard_gpus`` (``dp_shard_cp``): with Pn the captured non-expert parameters and Pe the captured
 expert ones (``Workload.expert_params``), each state column, a sum over both in proportion to their parameters,

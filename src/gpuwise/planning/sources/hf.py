@@ -78,7 +78,7 @@ class HFSource:
 
     @property
     def layer_kinds(self) -> tuple[int, ...] | None:
-        """Which blocks are alike (stack.py), read off the model built on the meta device: DeepSeek-V3's
+        """Which blocks are alike (blocks.py), read off the model built on the meta device: DeepSeek-V3's
         (0, 0, 0, 1, 1, ...), 3 dense blocks and then MoE ones; None where its stack is not known."""
         sigs = self._signatures() if self.n_layer is not None else None
         return kinds_of(sigs) if sigs is not None else None
@@ -90,7 +90,7 @@ class HFSource:
         return _EXPERTS.get(json.dumps(self.config, sort_keys=True, default=str))
 
     def _signatures(self) -> list[tuple] | None:
-        """The blocks' signatures (stack.signatures) of the model built on the meta device, once per config (and its
+        """The blocks' signatures (blocks.signatures) of the model built on the meta device, once per config (and its
         experts, ``experts``)."""
         key = json.dumps(self.config, sort_keys=True, default=str)
         if key not in _SIGNATURES:
@@ -234,7 +234,7 @@ class HFSource:
             raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
         self._check_config(transformers)
         cfg_dict = self._config_dict()
-        if n_layer is not None:  # the stack's first n_layer blocks (stack.py), checked against the real stack's
+        if n_layer is not None:  # the stack's first n_layer blocks (blocks.py), checked against the real stack's
             cfg_dict = _first_blocks(cfg_dict, n_layer)
             try:
                 config, model = self._model(transformers, cfg_dict)

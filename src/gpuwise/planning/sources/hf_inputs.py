@@ -109,7 +109,7 @@ def _token_ids(vocab: int, batch: int, seq: int, eos: Any) -> torch.Tensor:
 def _concrete(factory: Any, *args: Any) -> torch.Tensor:
     """Token ids and class labels made for real (on the CPU), under the plan's fake tensors too: a few bytes a token,
     and where a model reads their values (XLM's and FlauBERT's lengths from the ids that are not padding, DeBERTa's
-    labelled rows, ``labels >= 0``), the retry with concrete values (capture.py, routing.py) has them to read, as a
+    labelled rows, ``labels >= 0``), the retry with concrete values (capture/step.py, routing.py) has them to read, as a
     real step on random tokens would."""
     with unset_fake_temporarily():
         return factory(*args)
