@@ -21,11 +21,13 @@ REQUIRED = [
     "Ascend 910B", "TPU v5e", "TPU v5p", "M2 Ultra", "M3 Max", "M4 Max", "Jetson AGX Orin", "Coral Edge TPU",
     # issue 12 (recommend): rows a ranking across clouds, workstations and phones needs
     "A10G", "A100 40GB PCIe", "L40", "RTX 4000 Ada", "RTX 5000 Ada", "H20", "Apple Neural Engine", "Hexagon NPU",
+    # issue 26 (speed model): NeuSight's training GPUs and the A100 80GB PCIe it measured convolutions on
+    "A100 80GB PCIe", "V100 PCIe", "P100", "P4",
 ]  # fmt: skip
 
 
 def test_catalog_has_every_required_row_and_at_least_30():
-    assert len(CATALOG) >= 47
+    assert len(CATALOG) >= 51
     found = {name: CATALOG.get(name).key for name in REQUIRED}
     assert len(set(found.values())) == len(REQUIRED), found  # each name its own row
 
@@ -138,6 +140,9 @@ def test_devices_are_matched_by_name_and_memory():
         ("l40s", "l40s"), ("NVIDIA H20", "h20"), ("h200", "h200"), ("NVIDIA RTX 4000 Ada Generation", "rtx-4000-ada"),
         ("rtx 5000 ada", "rtx-5000-ada"), ("snapdragon x elite", "hexagon-x-elite"), ("Qualcomm Hexagon NPU",
         "hexagon-x-elite"), ("m4 neural engine", "apple-ane-m4"),
+        # NeuSight's device names (its data README), as torch.cuda.get_device_name() prints them
+        ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie"), ("Tesla V100-PCIE-32GB", "v100-pcie-32gb"),
+        ("Tesla P100-PCIE-16GB", "p100-pcie-16gb"), ("Tesla P4", "p4"), ("v100", "v100-sxm2-32gb"),
     ],
 )  # fmt: skip
 def test_lookup_by_normalised_name_and_alias(query, key):
@@ -146,7 +151,8 @@ def test_lookup_by_normalised_name_and_alias(query, key):
 
 def test_laptop_and_unknown_parts_do_not_match_a_desktop_row():
     assert CATALOG.find("NVIDIA GeForce RTX 4090 Laptop GPU") is None
-    assert CATALOG.find("NVIDIA A100 80GB PCIe") is None  # the 80 GB PCIe card is not the 40 GB row
+    # the 80 GB PCIe card is its own row, neither the 40 GB PCIe nor the 80 GB SXM one
+    assert CATALOG.find("NVIDIA A100 80GB PCIe").key == "a100-80gb-pcie"
     assert CATALOG.find("NVIDIA RTX 4000 SFF Ada Generation") is None  # the 70 W card is not the 130 W one
     # The M4's GPU (what torch's MPS device names) is not its Neural Engine.
     assert CATALOG.find("Apple M4") is None
@@ -250,6 +256,12 @@ def test_parse_catalog_rejects_clashing_aliases_and_bad_fields(row_text):
         (("source = ", 'cloud_price_date = "2026-05"\nsource = '), "given without 'cloud_usd_per_hour'"),
         (("source = ", "allreduce_busbw_gbps = 480\nsource = "), r"allreduce_busbw_gbps needs \['allreduce_source'\]"),
         (("source = ", 'cloud_price_data = "2026-05"\nsource = '), "did you mean 'cloud_price_date'"),
+        (("source = ", "sm_count = 132.5\nsource = "), "catalog row 'x1': sm_count 132.5 must be a whole number"),
+        (("source = ", "sm_count = -4\nsource = "), "sm_count -4 must be a number > 0"),
+        (("source = ", "l2_mib = 0\nsource = "), "l2_mib 0 must be a number > 0"),
+        (("source = ", "base_clock_mhz = 1980\nboost_clock_mhz = 1590\nsource = "),
+         "base_clock_mhz 1980 is above boost_clock_mhz 1590"),
+        (("source = ", "sm_clock = 1980\nsource = "), "unknown keys"),
     ],
 )  # fmt: skip
 def test_malformed_rows_raise_a_clear_value_error(row_text, edit, message):
@@ -366,3 +378,133 @@ def test_to_dict_carries_the_recommend_fields():
     assert data["cloud_price_date"] == "2026-05"
     assert data["street_price_usd"] is None and data["street_price_source"] is None
     assert CATALOG.get("4090").to_dict()["street_price_date"] == "2026-02"
+
+
+# FP32 lanes per SM (AMD: FP32 FLOPs per clock per CU / 2), by the chip named in a row's `arch`. Sources:
+# GP100 64 (NVIDIA Tesla P100 / Pascal GP100 whitepaper); GP104 128 (GeForce GTX 1080 whitepaper); GV100 64 (Volta
+# whitepaper); TU104 64 (Turing whitepaper); GA100 64 (A100 whitepaper); GA10x 128 (GA102 whitepaper: the GA10x SM
+# doubles FP32); AD10x 128 (Ada whitepaper); GH100 128 (H100 whitepaper); Blackwell 128 (GB202 whitepaper; B200
+# 148 SMs x 128 = 18,944 cores); CDNA 2 64 (CDNA 2 whitepaper: 128 FP32 vector FLOP/clk/CU, packed FP32 doubles it
+# and AMD lists that as 95.7 "matrix"); CDNA 3 and CDNA 4 128 (CDNA 3/4 whitepapers: 256 FP32 FLOP/clk/CU).
+FP32_LANES_PER_SM = {"GP100": 64, "GP104": 128, "GV100": 64, "TU104": 64, "GA100": 64, "GA10": 128, "AD10": 128,
+                     "GH100": 128, "GB": 128, "gfx90a": 64, "gfx942": 128, "gfx950": 128}
+# Rows whose stored fp32 is not the SMs x clock x lanes product, and why; each must really disagree.
+FP32_EXEMPT = {"h20": "third-party FP32 44 with 78 SMs needs 2.2 GHz; no clock is published (boost assumed)"}
+
+
+def _lanes_per_sm(arch: str) -> int:
+    chip = re.search(r"\((\w+)", arch).group(1)
+    prefixes = [p for p in FP32_LANES_PER_SM if chip.startswith(p)]
+    assert prefixes, f"no FP32 lane count for chip {chip!r} ({arch}); add it to FP32_LANES_PER_SM with its source"
+    return FP32_LANES_PER_SM[max(prefixes, key=len)]
+
+
+def _gpu_rows():
+    return [a for a in CATALOG if a.vendor in ("NVIDIA", "AMD")]
+
+
+def test_every_nvidia_and_amd_row_has_its_chip_facts():
+    rows = _gpu_rows()
+    assert len(rows) == 39  # 35 NVIDIA (the Jetson included) and 4 AMD
+    for acc in rows:
+        assert isinstance(acc.sm_count, int) and acc.sm_count > 0, acc.key
+        assert acc.boost_clock_mhz and 500 < acc.boost_clock_mhz < 3000, acc.key
+        if acc.base_clock_mhz is not None:
+            assert 0 < acc.base_clock_mhz < acc.boost_clock_mhz, acc.key
+        if acc.l2_mib is not None:
+            assert 1 <= acc.l2_mib <= 256, acc.key
+        assert re.search(r"[Cc]hip facts", acc.source), acc.key  # the source says where they come from
+    # Only the H20 lacks a published L2 size.
+    assert [a.key for a in rows if a.l2_mib is None] == ["h20"]
+    # Other vendors' chips have no SM equivalent the speed model could use: left out, not guessed.
+    assert all(a.sm_count is None and a.boost_clock_mhz is None for a in CATALOG if a not in rows)
+
+
+@pytest.mark.parametrize("acc", _gpu_rows(), ids=lambda a: a.key)
+def test_fp32_rate_reproduces_from_sms_clock_and_lanes(acc):
+    # peak fp32 = SMs x FP32 lanes per SM x 2 (FMA) x boost clock: the datasheet figure within 3%.
+    derived_tflops = acc.sm_count * _lanes_per_sm(acc.arch) * 2 * acc.boost_clock_mhz / 1e6
+    if acc.key in FP32_EXEMPT:
+        assert derived_tflops != pytest.approx(acc.peak_tflops.fp32, rel=0.03), FP32_EXEMPT[acc.key]
+        assert "boost_clock_mhz" in acc.estimated
+        return
+    assert derived_tflops == pytest.approx(acc.peak_tflops.fp32, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("key", "cuda_cores"),
+    [
+        # CUDA cores as the vendor prints them (the rows' sources): SMs x FP32 lanes must give them.
+        ("p4", 2560), ("t4", 2560), ("p100-pcie-16gb", 3584), ("v100-pcie-32gb", 5120), ("a100-40gb-pcie", 6912),
+        ("a100-80gb-pcie", 6912), ("rtx-3060-12gb", 3584), ("rtx-4090", 16384), ("rtx-5090", 21760),
+        ("rtx-pro-6000", 24064), ("l4", 7424), ("h100-sxm", 16896), ("h100-pcie", 14592), ("b200", 18944),
+        ("jetson-agx-orin", 2048), ("mi250x", 14080),  # MI250X: AMD's 14,080 stream processors = 220 CUs x 64
+    ],
+)  # fmt: skip
+def test_sms_times_lanes_is_the_published_core_count(key, cuda_cores):
+    acc = CATALOG.get(key)
+    assert acc.sm_count * _lanes_per_sm(acc.arch) == cuda_cores
+
+
+def test_neusight_gpus_resolve_by_their_device_names_with_the_true_sm_counts():
+    # NeuSight (sitar-lab/NeuSight) trained on these five names (its README; A100 80GB PCIe for conv).
+    names = {"Tesla P4": "p4", "Tesla T4": "t4", "Tesla P100-PCIE-16GB": "p100-pcie-16gb",
+             "Tesla V100-PCIE-32GB": "v100-pcie-32gb", "NVIDIA A100-PCIE-40GB": "a100-40gb-pcie",
+             "NVIDIA A100 80GB PCIe": "a100-80gb-pcie"}
+    assert {name: CATALOG.get(name).key for name in names} == names
+    # NeuSight's device table (SMs, MHz): P4 40/1113, T4 40/1590, P100 56/1380, V100 80/1370, A100 108/1410.
+    # It counts the P4's 2,560 GP104 lanes as 40 SMs of 64; GP104 has 20 SMs of 128 (GTX 1080 whitepaper,
+    # TechPowerUp): the same FLOP rate, half the SMs, which is what a wave count over the SMs needs.
+    p4 = CATALOG.get("Tesla P4")
+    assert p4.sm_count == 20 and 20 * 128 == 40 * 64
+    assert "NeuSight" in p4.source and "40 SMs" in p4.source
+    assert {k: CATALOG.get(k).sm_count for k in ("t4", "p100-pcie-16gb", "v100-pcie-32gb", "a100-40gb-pcie")} == {
+        "t4": 40, "p100-pcie-16gb": 56, "v100-pcie-32gb": 80, "a100-40gb-pcie": 108}
+    # Clocks: NVIDIA's, with NeuSight's differing figures noted in the source.
+    assert CATALOG.get("p100-pcie-16gb").boost_clock_mhz == 1303 and "1,380" in CATALOG.get("p100").source
+    assert p4.boost_clock_mhz == 1063 and "1,113" in p4.source
+
+
+def test_speed_model_rows_match_their_datasheets():
+    # A100 80GB PCIe (nvidia.com/en-us/data-center/a100): SXM compute, 80 GB HBM2e at 1,935 GB/s, 300 W.
+    a100, sxm = CATALOG.get("a100-80gb-pcie"), CATALOG.get("a100-80gb-sxm")
+    assert (a100.memory_bytes, a100.memory_bandwidth_gbps, a100.tdp_w) == (80 * GiB, 1935, 300)
+    assert a100.peak_tflops == sxm.peak_tflops and a100.node_gpus == 2 and a100.compute_capability == (8, 0)
+    assert (a100.sm_count, a100.boost_clock_mhz, a100.l2_mib) == (108, 1410, 40)
+    # mixbench on this card (ekondis/mixbench#47): "NVIDIA A100 80GB PCIe", 81,049 MiB.
+    assert CATALOG.match_device("NVIDIA A100 80GB PCIe", 81049 * 2**20) is a100
+    # V100 PCIe (V100 datasheet): FP32 14, tensor 112, 900 GB/s, 250 W; no bf16/tf32.
+    v100 = CATALOG.get("Tesla V100-PCIE-32GB")
+    assert (v100.peak_tflops.fp32, v100.peak_tflops.fp16, v100.memory_bandwidth_gbps, v100.tdp_w) == (14, 112, 900, 250)
+    assert (v100.sm_count, v100.boost_clock_mhz) == (80, 1380) and not v100.bf16 and v100.peak_tflops.tf32 is None
+    assert v100.peak_tflops.fp16 == pytest.approx(640 * 128 * 1.380 / 1000, rel=0.01)  # 640 tensor cores x 64 FMA
+    # P100 PCIe (datasheet): FP32 9.3, FP16 18.7 as packed half on the CUDA cores, 732 GB/s, 250 W.
+    p100 = CATALOG.get("Tesla P100-PCIE-16GB")
+    assert (p100.peak_tflops.fp32, p100.peak_tflops.fp16, p100.memory_bandwidth_gbps, p100.tdp_w) == (
+        9.3, 18.7, 732, 250)
+    assert p100.peak_tflops.fp16 == pytest.approx(2 * p100.peak_tflops.fp32, rel=0.01)
+    assert [p100.peak_tflops.get(d) for d in ("tf32", "bf16", "fp8", "int8")] == [None] * 4
+    assert (p100.sm_count, p100.boost_clock_mhz, p100.compute_capability) == (56, 1303, (6, 0))
+    # P4 (datasheet): FP32 5.5, INT8 22 TOPS (DP4A: 4x fp32), 8 GB GDDR5 at 192 GB/s, 75 W; no usable fp16.
+    p4 = CATALOG.get("Tesla P4")
+    assert (p4.peak_tflops.fp32, p4.peak_tflops.int8, p4.memory_bandwidth_gbps, p4.tdp_w) == (5.5, 22, 192, 75)
+    assert p4.peak_tflops.int8 == pytest.approx(4 * p4.peak_tflops.fp32, rel=0.01) and p4.peak_tflops.fp16 is None
+    assert (p4.memory_bytes, p4.compute_capability, p4.l2_mib) == (8 * GiB, (6, 1), 2)
+    for acc in (a100, v100, p100, p4):
+        assert acc.ecosystem == "cuda" and acc.segment == "datacenter" and acc.launch_year is not None
+        assert acc.interconnect and acc.host_link and acc.cloud_usd_per_hour is None  # no dated price was found
+
+
+def test_chip_facts_match_whitepapers_and_device_queries():
+    # (SMs, boost MHz, L2 MiB): A100 whitepaper; H100 whitepaper (SXM5); Ada appendix (RTX 4090); GA102
+    # appendix (RTX 3090); T4 (Turing whitepaper, TechPowerUp); B200 device query (pytorch/ao#4002);
+    # MI300X CDNA 3 whitepaper (304 CUs, 2.1 GHz, 256 MB Infinity Cache as the last level).
+    expected = {"a100-40gb-sxm": (108, 1410, 40), "h100-sxm": (132, 1980, 50), "rtx-4090": (128, 2520, 72),
+                "rtx-3090": (82, 1695, 6), "t4": (40, 1590, 4), "b200": (148, 1980, 126.5),
+                "mi300x": (304, 2100, 256)}
+    got = {k: (CATALOG.get(k).sm_count, CATALOG.get(k).boost_clock_mhz, CATALOG.get(k).l2_mib) for k in expected}
+    assert got == expected
+    assert "Infinity Cache" in CATALOG.get("mi300x").source  # the source says which cache l2_mib is
+    data = CATALOG.get("a100").to_dict()
+    assert (data["sm_count"], data["boost_clock_mhz"], data["base_clock_mhz"], data["l2_mib"]) == (108, 1410, 1095, 40)
+    assert CATALOG.get("tpu v5e").to_dict()["sm_count"] is None

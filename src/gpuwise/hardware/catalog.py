@@ -35,12 +35,15 @@ ECOSYSTEMS = ("cuda", "rocm", "cann", "xla", "gaudi", "mps", "coreml", "qnn", "e
 # Words that carry no identity in a device name: "NVIDIA GeForce RTX 4090" and "rtx 4090" are one card.
 _NOISE_WORDS = frozenset({"nvidia", "geforce", "amd", "radeon", "instinct", "intel", "google", "apple",
                           "huawei", "tesla", "qualcomm"})
-_ESTIMABLE = frozenset({"memory_gib", "memory_bandwidth_gbps", "tdp_w", "launch_price_usd", *DTYPES})
+# The chip facts a speed model needs (SMs or CUs, clocks, last-level cache): optional, positive when present.
+CHIP_FACTS = ("sm_count", "boost_clock_mhz", "base_clock_mhz", "l2_mib")
+_ESTIMABLE = frozenset({"memory_gib", "memory_bandwidth_gbps", "tdp_w", "launch_price_usd", *DTYPES, *CHIP_FACTS})
 _REQUIRED = ("key", "name", "vendor", "segment", "arch", "memory_gib", "ecosystem", "node_gpus", "source")
 _OPTIONAL = ("compute_capability", "aliases", "memory_type", "memory_bandwidth_gbps", "peak_tflops", "tdp_w",
              "interconnect", "interconnect_gbps", "peer_link", "host_link", "allreduce_busbw_gbps",
              "allreduce_source", "launch_year", "launch_price_usd", "cloud_usd_per_hour", "cloud_price_source",
-             "cloud_price_date", "street_price_usd", "street_price_source", "street_price_date", "estimated")
+             "cloud_price_date", "street_price_usd", "street_price_source", "street_price_date", "estimated",
+             *CHIP_FACTS)
 # A figure that needs its provenance: the keys that must come with it when it is present.
 _NEEDS = {
     "cloud_usd_per_hour": ("cloud_price_source", "cloud_price_date"),
@@ -48,7 +51,7 @@ _NEEDS = {
     "allreduce_busbw_gbps": ("allreduce_source",),
 }
 _POSITIVE = ("memory_gib", "memory_bandwidth_gbps", "tdp_w", "interconnect_gbps", "allreduce_busbw_gbps",
-             "launch_price_usd", "cloud_usd_per_hour", "street_price_usd")
+             "launch_price_usd", "cloud_usd_per_hour", "street_price_usd", *CHIP_FACTS)
 _MONTH = re.compile(r"20\d\d-(0[1-9]|1[0-2])")  # "YYYY-MM", the month a price was seen
 
 
@@ -100,6 +103,10 @@ class Accelerator:
     peer_link: bool  # a dedicated card-to-card link exists (NVLink, Infinity Fabric, ICI, ...)
     host_link: str | None
     node_gpus: int  # accelerators one server holds on the card-to-card link (8 on an HGX board, 1 for a laptop)
+    sm_count: int | None  # streaming multiprocessors (AMD: compute units) of the whole row (MI250X: both dies)
+    boost_clock_mhz: float | None  # the boost clock the datasheet peak rates assume
+    base_clock_mhz: float | None
+    l2_mib: float | None  # last-level on-chip cache in MiB (L2 on NVIDIA; Infinity Cache on MI300/MI355; see source)
     allreduce_busbw_gbps: float | None  # measured NCCL all_reduce_perf busbw of a full node, GB/s
     allreduce_source: str | None
     ecosystem: str  # one of ECOSYSTEMS: the stack PyTorch work runs on
@@ -169,6 +176,11 @@ def _check_row(row: Mapping[str, Any]) -> None:
     rates = row.get("peak_tflops", {})
     if unknown := set(rates) - set(DTYPES):
         raise ValueError(f"{where}: unknown dtypes {sorted(unknown)} in peak_tflops")
+    if "sm_count" in row and not isinstance(row["sm_count"], int):
+        raise ValueError(f"{where}: sm_count {row['sm_count']!r} must be a whole number of SMs (AMD: compute units)")
+    base, boost = row.get("base_clock_mhz"), row.get("boost_clock_mhz")
+    if base is not None and boost is not None and base > boost:
+        raise ValueError(f"{where}: base_clock_mhz {base} is above boost_clock_mhz {boost}; are they swapped?")
     if unknown := set(row.get("estimated", ())) - _ESTIMABLE:
         raise ValueError(f"{where}: unknown fields {sorted(unknown)} in estimated")
 
@@ -195,6 +207,10 @@ def _row_to_accelerator(row: Mapping[str, Any]) -> Accelerator:
         peer_link=bool(row.get("peer_link", False)),
         host_link=row.get("host_link"),
         node_gpus=row["node_gpus"],
+        sm_count=row.get("sm_count"),
+        boost_clock_mhz=row.get("boost_clock_mhz"),
+        base_clock_mhz=row.get("base_clock_mhz"),
+        l2_mib=row.get("l2_mib"),
         allreduce_busbw_gbps=row.get("allreduce_busbw_gbps"),
         allreduce_source=row.get("allreduce_source"),
         ecosystem=row["ecosystem"],

@@ -58,6 +58,10 @@ def render_accelerator(a: Accelerator, console: Console) -> None:
         rows.append((f"{dtype} dense", f"{_num(a.peak_tflops.get(dtype))} {unit}"))
     rows += [
         ("TDP", f"{_num(a.tdp_w)} W"),
+        ("chip", "-" if a.sm_count is None else
+         f"{a.sm_count} {'CUs' if a.vendor == 'AMD' else 'SMs'}, {_num(a.boost_clock_mhz)} MHz boost"
+         + (f" ({_num(a.base_clock_mhz)} base)" if a.base_clock_mhz else "")
+         + (f", {_num(a.l2_mib)} MiB last-level cache" if a.l2_mib else "")),
         ("interconnect", f"{a.interconnect or '-'} ({_num(a.interconnect_gbps)} GB/s); "
                          f"{'cards link directly' if a.peer_link else 'no card-to-card link (PCIe only)'}"),
         ("host link", a.host_link or "-"),
