@@ -146,7 +146,7 @@ def test_plan_refuses_bad_values(files, data):
         _one_of_flags({f: _NOT_POSITIVE | _HUGE for f in _PLAN_INTS}),
         _one_of_flags({f: _NOT_INT for f in [*_PLAN_INTS, "--context", "--lora-rank"]}),
         _one_of_flags({f: _not_in(v) for f, v in _CHOICES.items()}),
-        _one_of_flags({"--attention": _not_in(["sdpa", "gpuwise"]),
+        _one_of_flags({"--attention": _not_in(["sdpa", "eager", "flash", "flex", "gpuwise"]),
                        "--weights": _not_in(["bf16", "fp16", "fp8", "int8", "int4", "nf4"]),
                        "--gpu": _NOT_GPU, "--model": _NOT_MODEL | _paths(files),
                        "--plot": _WORDS.filter(lambda w: not w.lower().endswith(".png"))}),

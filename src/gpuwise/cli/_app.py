@@ -45,7 +45,12 @@ LossOption = Annotated[str | None, typer.Option(help=(
     "chunked cross-entropy, 8 chunks) or fused (a fused linear + cross-entropy, as Liger runs it) [standard]."))]
 CompileFlag = Annotated[bool, typer.Option("--compile", help=(
     "torch.compile the model's repeated blocks, as torchtitan does (train compiles the model; plan and recommend "
-    "model each block's AOTAutograd partition and inductor's pointwise fusion, the rest eager)."))]
+    "model each block's AOTAutograd partition and inductor's pointwise fusion, the rest eager); training, or plan "
+    "--task infer."))]
+AttentionOption = Annotated[str | None, typer.Option(help=(
+    "eager (q @ k^T, softmax, @ v: the s x s scores kept), sdpa, flash (FlashAttention-2; fp16/bf16) or flex "
+    "(FlexAttention); gpuwise (gpuwise.ops.attention) for the built-in GPT and Llama [the model's own: an "
+    "--hf-config's attn_implementation, else sdpa]."))]
 
 # Model parallelism and offload (parallel/, parallel/sharding.py): --gpus is the total, tp x pp x cp x dp.
 TpOption = Annotated[int | None, typer.Option("--tp", help=(

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import (
+    AttentionOption,
     CompileFlag,
     ContextOption,
     CpOption,
@@ -72,8 +73,7 @@ def plan(
     qlora_recipe: QloraRecipeOption = None,
     weights: WeightsOption = None,
     context: ContextOption = None,
-    attention: Annotated[str | None, typer.Option(help="sdpa, or gpuwise (gpuwise.ops.attention) for the "
-                                                       "built-in GPT and Llama models.")] = None,
+    attention: AttentionOption = None,
     loss: LossOption = None,
     compile_blocks: CompileFlag = False,
     tp: TpOption = None,

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import (
+    AttentionOption,
     CompileFlag,
     CpOption,
     EpOption,
@@ -95,6 +96,7 @@ def recommend(
     lora_dropout: LoraDropoutOption = None,
     qlora_recipe: QloraRecipeOption = None,
     loss: LossOption = None,
+    attention: AttentionOption = None,
     compile_blocks: CompileFlag = False,
     tp: TpOption = None,
     pp: PpOption = None,
@@ -189,8 +191,14 @@ def recommend(
     goal = Goal(tokens=tokens, samples=samples)
     if serving and loss is not None:
         raise GpuwiseError("--loss has no meaning when serving", "drop --loss")
-    if serving and compile_blocks:
-        raise GpuwiseError("--compile plans a compiled training step, not serving", "drop --compile")
+    if serving and compile_blocks:  # serving is ranked by its decode model (recommend/serve.py)
+        raise GpuwiseError("--compile is not ranked when serving (decode reads the weights and the cache: fusion "
+                           "changes little)", "drop --compile, or plan a compiled prefill with gpuwise plan --task "
+                           "infer --compile")
+    if serving and attention is not None:
+        raise GpuwiseError(f"--attention {attention} is not ranked when serving: recommend --serve prices decode from "
+                           "the bytes each step reads", f"drop --attention, or plan a prefill with gpuwise plan --task "
+                           f"infer --attention {attention}")
     if serving:
         trained = [f for f, v in (("--checkpointing", checkpointing), ("--sharding", sharding),
                                   ("--lora-rank", lora_rank), ("--lora-targets", lora_targets),
@@ -221,7 +229,7 @@ def recommend(
              "sharding": sharding, "lora_rank": lora_rank, "precision": precision, "qlora": qlora or None,
              "optimizer": optimizer, "optimizer_in_backward": optimizer_in_backward or None}
     given |= {"loss": loss}
-    given |= {"compile": compile_blocks or None}
+    given |= {"compile": compile_blocks or None, "attention": attention}
     lora_given = [f for f, v in (("--qlora", qlora or None), ("--lora-rank", lora_rank),
                                  ("--lora-targets", lora_targets), ("--lora-dropout", lora_dropout),
                                  ("--qlora-recipe", qlora_recipe)) if v is not None]

@@ -1,5 +1,6 @@
 """BERT (Devlin et al. 2019) as Hugging Face's BertForSequenceClassification: post-LayerNorm encoder,
-token + position + segment embeddings, a tanh pooler and a 2-class head. Attention runs through SDPA."""
+token + position + segment embeddings, a tanh pooler and a 2-class head. Attention runs through SDPA, or
+``attn_impl="eager"``'s math path (scores, softmax, matmul) as NVIDIA DeepLearningExamples' BERT runs it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpuwise.models.common import causal_attention
 from gpuwise.models.configs import BertConfig
 
 
@@ -14,6 +16,7 @@ class Layer(nn.Module):
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
+        self.attn_impl = cfg.attn_impl
         self.query = nn.Linear(cfg.hidden, cfg.hidden)
         self.key = nn.Linear(cfg.hidden, cfg.hidden)
         self.value = nn.Linear(cfg.hidden, cfg.hidden)
@@ -27,7 +30,7 @@ class Layer(nn.Module):
         b, t, c = x.shape
         q, k, v = (lin(x).view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
                    for lin in (self.query, self.key, self.value))  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
+        y = causal_attention(q, k, v, self.attn_impl, causal=False).transpose(1, 2).reshape(b, t, c)
         x = self.attn_norm(x + self.attn_out(y))
         return self.out_norm(x + self.output(F.gelu(self.intermediate(x))))
 

@@ -13,14 +13,25 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # one (K, V) pair per block, 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str, *, causal: bool = True
                      ) -> torch.Tensor:
     """Causal attention over (B, heads, T, head_dim), k and v possibly with fewer heads (GQA): PyTorch's SDPA,
-    or gpuwise's block-sparse FlashAttention kernel (``impl="gpuwise"``). ``causal=False``: one new token's query
-    over a KV cache that holds only earlier tokens (a decode step), where the causal mask hides nothing."""
+    gpuwise's block-sparse FlashAttention kernel (``impl="gpuwise"``), or the math path (``impl="eager"``, nanoGPT's
+    non-flash branch: the (B, heads, T, S) scores and their softmax kept for backward). ``causal=False``: one new
+    token's query over a KV cache that holds only earlier tokens (a decode step), where the causal mask hides
+    nothing."""
     if impl == "gpuwise":
         from gpuwise.ops import attention
 
         return attention(q, k, v, causal=causal)
+    if impl == "eager":
+        if k.shape[1] != q.shape[1]:  # each K/V head serves heads / kv_heads query heads (Llama's repeat_kv)
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        att = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, nh, T, S)
+        if causal:
+            t, s = q.shape[-2], k.shape[-2]
+            keep = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+            att = att.masked_fill(~keep, float("-inf"))
+        return F.softmax(att, dim=-1) @ v
     if impl != "sdpa":
-        raise ValueError(f"attn_impl {impl!r} is not sdpa or gpuwise")
+        raise ValueError(f"attn_impl {impl!r} is not sdpa, gpuwise or eager")
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
 
 

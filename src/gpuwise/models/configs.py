@@ -45,6 +45,7 @@ class BertConfig:
     type_vocab_size: int = 2
     num_labels: int = 2
     eps: float = 1e-12
+    attn_impl: str = "sdpa"  # or "eager": the math path (NVIDIA DeepLearningExamples' and HF's eager BERT)
 
 
 @dataclass(frozen=True, kw_only=True)

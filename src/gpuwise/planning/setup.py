@@ -21,7 +21,11 @@ Task = Literal["train", "finetune-lora", "infer", "decode"]  # decode: one gener
 Optimizer = Literal["adamw", "sgd", "adamw8bit", "paged-adamw8bit", "adafactor", "lion"]  # capture/optimizers.py
 Checkpointing = Literal["none", "full", "selective"]  # selective: torchtitan's op-level policy (transforms/)
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp"]
-Attention = Literal["sdpa", "gpuwise"]
+# How attention runs (sources/: zoo.py, hf.py): eager, the math path (q @ k^T, softmax, @ v: the s x s scores kept);
+# sdpa, PyTorch's scaled_dot_product_attention; flash, FlashAttention-2 (transformers' "flash_attention_2"); flex,
+# FlexAttention (transformers' "flex_attention"); gpuwise, gpuwise.ops.attention (the built-in GPT and Llama). flash and
+# flex are captured through SDPA, whose CPU flash kernel keeps what the CUDA kernels keep (the output and logsumexp)
+Attention = Literal["sdpa", "eager", "flash", "flex", "gpuwise"]
 QLoRARecipe = Literal["peft", "plain"]
 # weight-only formats of inference (transforms/quantize.py: storage as the libraries lay it out); bf16 and fp16 hold the
 # weights as the step computes (the default)
@@ -84,7 +88,9 @@ class Setup:
     # 4 bits up-cast to fp32, gradient checkpointing on unless --checkpointing says otherwise), or "plain": loaded
     # in the compute dtype and used as it is (litgpt, torchtune, Unsloth, PEFT without that call)
     qlora_recipe: QLoRARecipe = "peft"
-    attention: Attention = "sdpa"  # the built-in GPT and Llama models: SDPA or gpuwise.ops.attention
+    # None: the model's own (an --hf-config's attn_implementation, else sdpa); ``source.attention(setup)`` (zoo.py,
+    # hf.py) names the implementation it runs, the one the cost model prices
+    attention: Attention | None = None
     # a decoder LM's training loss: logits up-cast whole (transformers), torchtune's chunked cross-entropy, or a
     # fused linear + cross-entropy as Liger runs it (gpuwise.models.loss)
     loss: Loss = "standard"
@@ -104,7 +110,8 @@ class Setup:
     sp: bool = False  # sequence parallel with --tp: norms and the residual stream split along the sequence too
     nodes: int = 1  # HSDP: --sharding fsdp shards within each node and replicates across nodes
     offload: Offload = "none"  # model states in host memory: the optimizer's (ZeRO-Offload), or all (FSDP2)
-    compile: bool = False  # each block through torch.compile (AOTAutograd's partitioner, inductor's fusion)
+    # each block through torch.compile (AOTAutograd's graphs, inductor's fusion): training, or an inference forward
+    compile: bool = False
     stage: int | None = None  # the pipeline stage a capture is of; None: the worst one (the planner picks it)
 
     def __post_init__(self) -> None:
@@ -113,7 +120,11 @@ class Setup:
         _choice("optimizer", self.optimizer, Optimizer)
         _choice("checkpointing", self.checkpointing, Checkpointing)
         _choice("sharding", self.sharding, Sharding)
-        _choice("attention", self.attention, Attention)
+        if self.attention is not None:
+            _choice("attention", self.attention, Attention)
+        if self.attention == "flash" and self.spec.compute not in ("fp16", "bf16"):
+            raise GpuwiseError(f"--attention flash runs FlashAttention-2, which takes fp16 and bf16 only, not "
+                               f"--precision {self.precision}", "pass --precision bf16-mixed, or --attention sdpa")
         _choice("loss", self.loss, Loss)
         if self.spec.float8 and self.task != "train":
             raise GpuwiseError(f"--precision fp8 is float8 training (torchao's Float8Linear), not --task {self.task}",
@@ -137,9 +148,10 @@ class Setup:
             raise GpuwiseError("--qlora quantises the frozen base of a LoRA fine-tune", "add --task finetune-lora")
         self._check_lora()
         self._check_parallel()
-        if self.compile and not self.training:
-            raise GpuwiseError(f"--compile plans a compiled training step (saved activations, fused kernels), not "
-                               f"--task {self.task}", "drop --compile, or plan --task train")
+        if self.compile and self.task == "decode":
+            raise GpuwiseError("--compile with --task decode is not simulated: a compiled step updates the KV cache in "
+                               "place, which the traced graph would copy whole", "drop --compile (a decode step reads "
+                               "the weights and the cache: fusion changes little), or plan --task infer --compile")
         if not self.training:
             for flag, bad in (("--batch above --micro-batch (accumulation)", self.grad_accum != 1),
                               (f"--checkpointing {self.checkpointing}", self.checkpointing != "none"),
@@ -218,6 +230,10 @@ class Setup:
                                "or gpuwise recommend --serve")
         data_parallel(self.gpus, self.tp, self.pp, self.cp)
         self._check_experts()
+        if self.cp > 1 and self.attention in ("eager", "gpuwise"):
+            raise GpuwiseError(f"--cp {self.cp} runs ring attention through SDPA's flash kernel (torchtitan's "
+                               f"context_parallel), not --attention {self.attention}",
+                               "pass --attention sdpa (or flash), or drop --cp")
         if self.sp and self.tp == 1:
             raise GpuwiseError("--sequence-parallel splits the sequence over the --tp group", "add --tp N")
         if self.stage is not None and not 0 <= self.stage < self.pp:

@@ -46,7 +46,8 @@ def _forward_graph() -> torch.fx.GraphModule:
     """The partitioned forward graph of the tiny block (bf16-mixed, no checkpointing)."""
     if not compiled._TRACES:
         _capture(2, compile=True)
-    return next(fn for key, fn in compiled._TRACES.items() if "checkpointing='none'" in key[0][3]).graphs[0]
+    return next(fn for key, fn in compiled._TRACES.items()  # a training block's (an inference test may trace too)
+                if "checkpointing='none'" in key[0][3] and "task='train'" in key[0][3]).graphs[0]
 
 
 def _kept(c) -> int:
@@ -121,7 +122,11 @@ def test_traced_graphs_run_for_real_as_eager_does():
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
-def test_compile_is_for_training():
-    with pytest.raises(GpuwiseError, match="--compile"):
-        Setup(task="infer", compile=True)
+def test_compile_is_for_training_and_inference_not_decode():
+    """A decode step updates its KV cache in place, which a traced graph would copy whole: refused, naming the fix
+    (an inference forward compiles: test_compiled_inference.py)."""
+    with pytest.raises(GpuwiseError, match="--compile with --task decode") as e:
+        Setup(task="decode", compile=True)
+    assert "drop --compile" in e.value.hint
+    assert Setup(task="infer", compile=True).compile
     assert "compiled blocks" in Setup(compile=True).describe()

@@ -36,11 +36,15 @@ from gpuwise.planning.parallel.layout import ends, swap
 
 # The linear layers of a block, as each model spells them: the first of each pair column-parallel, the second
 # row-parallel (zoo Llama: wq wk wv w1 w3 / wo w2; zoo GPT and its attention's packed q,k,v: c_attn c_fc / c_proj;
-# Hugging Face decoders: q_proj k_proj v_proj gate_proj up_proj / o_proj down_proj).
+# Hugging Face decoders: q_proj k_proj v_proj gate_proj up_proj / o_proj down_proj; Hugging Face GPT-2: the same
+# c_attn c_fc / c_proj as transformers' Conv1D, a linear layer whose weight is stored (in, out)).
 COLUMN = frozenset({"wq", "wk", "wv", "w1", "w3", "c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj",
                     "up_proj"})
 ROW = frozenset({"wo", "w2", "c_proj", "o_proj", "down_proj"})
 HEADS = ("n_head", "n_kv_head", "num_heads", "num_key_value_heads")  # attributes a block's attention may size by
+# widths of all of an attention's heads together (on a module that has one of HEADS): GPT-2's attention splits
+# c_attn's output into q, k and v of split_size each
+WIDTHS = ("split_size",)
 
 
 def _linear(old: nn.Linear, in_features: int, out_features: int, split_bias: bool) -> nn.Linear:
@@ -52,6 +56,21 @@ def _linear(old: nn.Linear, in_features: int, out_features: int, split_bias: boo
     return new
 
 
+def _is_conv1d(mod: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's c_attn, c_fc, c_proj): ``x @ weight + bias``, weight (nx, nf)."""
+    return type(mod).__name__ == "Conv1D" and all(isinstance(getattr(mod, a, None), int) for a in ("nf", "nx"))
+
+
+def _conv1d(old: nn.Module, nx: int, nf: int, split_bias: bool) -> nn.Module:
+    """``old`` (a Conv1D) cut to ``nx`` inputs and ``nf`` outputs, as ``_linear`` cuts a linear layer: Megatron splits
+    GPT-2's fused c_attn by heads, each rank's q, k and v columns together (nf = 3 x width / tp)."""
+    new = type(old)(nf, nx)  # its own constructor; the parameters made again in old's dtype, device and grad
+    w, b = old.weight, old.bias
+    new.weight = nn.Parameter(torch.empty(nx, nf, dtype=w.dtype, device=w.device), requires_grad=w.requires_grad)
+    new.bias = nn.Parameter(torch.empty(nf if split_bias else old.nf, dtype=b.dtype, device=b.device),
+                            requires_grad=b.requires_grad)
+    return new
+
 
 def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
     """One rank's model of a ``tp``-way Megatron split, in place (see the module docstring)."""
@@ -60,17 +79,20 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
     for block in blocks or ():
         for name, mod in list(block.named_modules()):
             leaf = name.rpartition(".")[2]
-            if isinstance(mod, nn.Linear) and leaf in COLUMN | ROW:
-                n = mod.out_features if leaf in COLUMN else mod.in_features
+            conv1d = _is_conv1d(mod)
+            if (isinstance(mod, nn.Linear) or conv1d) and leaf in COLUMN | ROW:
+                n_in, n_out = (mod.nx, mod.nf) if conv1d else (mod.in_features, mod.out_features)
+                n = n_out if leaf in COLUMN else n_in
                 if n % tp:
                     raise GpuwiseError(f"--tp {tp} does not divide {name}'s {n} features",
                                        f"pass a --tp that divides {n}")
-                swap(block, name, _linear(mod, mod.in_features // (1 if leaf in COLUMN else tp),
-                                           mod.out_features // (tp if leaf in COLUMN else 1), leaf in COLUMN))
+                shape = (n_in // (1 if leaf in COLUMN else tp), n_out // (tp if leaf in COLUMN else 1), leaf in COLUMN)
+                swap(block, name, _conv1d(mod, *shape) if conv1d else _linear(mod, *shape))
                 split += 1
-            for attr in HEADS:
-                if isinstance(getattr(mod, attr, None), int) and not isinstance(mod, nn.Linear):
-                    setattr(mod, attr, getattr(mod, attr) // tp)
+                continue
+            heads = [attr for attr in HEADS if isinstance(getattr(mod, attr, None), int)]
+            for attr in heads + ([a for a in WIDTHS if isinstance(getattr(mod, a, None), int)] if heads else []):
+                setattr(mod, attr, getattr(mod, attr) // tp)
     for name, module in routed_modules(model):  # the stacked experts: expert tensor parallelism
         split += shard_experts(module, name, tp)
     if not split:

@@ -68,7 +68,7 @@ class FileSource:
             raise GpuwiseError("--task decode feeds a KV cache the planner fills: a built-in decoder or a --hf-config "
                                "causal LM, not a model from a file", "plan --task infer (your function sizes the "
                                "inputs), or use --model llama3-8b / --hf-config config.json")
-        if setup.attention != "sdpa":
+        if setup.attention not in (None, "sdpa"):
             raise GpuwiseError("--attention applies to the built-in GPT and Llama models",
                                "call gpuwise.ops.attention in your model instead")
         if setup.loss != "standard":

@@ -27,11 +27,22 @@ from gpuwise.errors import GpuwiseError, first_line
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning.capture.blocks import Misaligned, find_blocks, kinds_of, signatures
 from gpuwise.planning.experts import Experts, experts_of
-from gpuwise.planning.setup import Setup
+from gpuwise.planning.setup import Attention, Setup
 from gpuwise.planning.sources.base import Built, Decoder, check_decode, scalar_loss
-from gpuwise.planning.sources.hf_build import concrete_constants
+from gpuwise.planning.sources.hf_build import concrete_constants, top1_routers
 
 _MAX_LAYERS = 10_000  # Llama 3.1 405B has 126 blocks
+# config.json's keys for the stack's depth, the attention heads and the width: transformers' standard names, then
+# GPT-2's (GPT2Config's attribute_map: n_layer, n_head, n_embd)
+_LAYERS, _HEADS, _WIDTH = ("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embd")
+# --attention -> the attn_implementation transformers builds with: FlashAttention-2 and FlexAttention run as SDPA,
+# whose CPU flash kernel keeps what the CUDA kernels keep (the output and its logsumexp). transformers'
+# "flash_attention_2" needs the flash_attn package and a CUDA device, and its "flex_attention" compiles a kernel that
+# crashes on fake CPU tensors (torch 2.13: a segmentation fault), so neither builds here; the Setup names the kernel
+_BUILT_AS = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa", "flex": "sdpa"}
+# the class flags transformers checks before it sets each implementation (PreTrainedModel._supports_sdpa, ...)
+_SUPPORTS = {"sdpa": "_supports_sdpa", "flash": "_supports_flash_attn", "flex": "_supports_flex_attn"}
+_TRANSFORMERS_NAME = {"sdpa": "sdpa", "flash": "flash_attention_2", "flex": "flex_attention"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +83,7 @@ class HFSource:
     def n_layer(self) -> int | None:
         """The blocks of the stack (``num_hidden_layers``), where the model built on the meta device has that many in
         its stack (else None: captured whole)."""
-        layers = self.config.get("num_hidden_layers")
+        layers = _first(self.config, _LAYERS)
         sigs = self._signatures()
         return layers if isinstance(layers, int) and sigs is not None and len(sigs) == layers else None
 
@@ -109,6 +120,7 @@ class HFSource:
             blocks = find_blocks(model)
             sigs = signatures(blocks) if blocks is not None else None
             _EXPERTS[key] = experts_of(config, model)
+            _CLASSES[key] = type(model)
             _SIGNATURES[key] = sigs  # kept only once built: an interrupted build is tried again
         return _SIGNATURES[key]
 
@@ -117,11 +129,11 @@ class HFSource:
         """The KV-cache dimensions from config.json (decoder-only models: a CausalLM architecture)."""
         c = self.config
         archs = c.get("architectures") or []
-        layers, heads = c.get("num_hidden_layers"), c.get("num_attention_heads")
-        if not (isinstance(layers, int) and isinstance(heads, int) and any("CausalLM" in a for a in archs)):
+        layers, heads = _first(c, _LAYERS), _first(c, _HEADS)
+        if not (isinstance(layers, int) and isinstance(heads, int) and self.causal_lm and archs):
             return None
         kv = c.get("num_key_value_heads") or heads
-        head_dim = c.get("head_dim") or (c.get("hidden_size") or 0) // heads
+        head_dim = c.get("head_dim") or (_first(c, _WIDTH) or 0) // heads
         latent = (c["kv_lora_rank"] + c["qk_rope_head_dim"]  # multi-head latent attention (Decoder's docstring)
                   if isinstance(c.get("kv_lora_rank"), int) and isinstance(c.get("qk_rope_head_dim"), int) else 0)
         return (Decoder(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, kv_latent=latent) if head_dim
@@ -140,10 +152,34 @@ class HFSource:
         arch = next(iter(self.config.get("architectures") or []), None)
         return not isinstance(arch, str) or arch.endswith(("ForCausalLM", "LMHeadModel"))
 
+    def attention(self, setup: Setup) -> Attention:
+        """The attention implementation ``setup`` runs: --attention if given, else config.json's
+        ``attn_implementation``, else what transformers picks for the class (SDPA where it has it, else eager)."""
+        if setup.attention is not None:
+            return setup.attention
+        own = _own_attention(self.config.get("attn_implementation"))
+        if own is not None and (own == "eager" or self._supports(own) is not False):
+            return own
+        return "eager" if self._supports("sdpa") is False else "sdpa"
+
+    def _supports(self, attention: str) -> bool | None:
+        """Whether transformers runs ``attention`` (sdpa, flash, flex) for this model (its class's flag, read off the
+        model built on the meta device); None where that is not known."""
+        self._signatures()
+        cls = _CLASSES.get(json.dumps(self.config, sort_keys=True, default=str))
+        return None if cls is None else bool(getattr(cls, _SUPPORTS[attention], False))
+
     def check(self, setup: Setup) -> None:
-        if setup.attention != "sdpa":
-            raise GpuwiseError("--attention applies to the built-in GPT and Llama models",
-                               "plan a built-in model, e.g. --model llama3-8b --attention gpuwise")
+        if setup.attention == "gpuwise":
+            raise GpuwiseError("--attention gpuwise (gpuwise.ops.attention) applies to the built-in GPT and Llama "
+                               "models", "pass --attention eager, sdpa, flash or flex, or plan a built-in model, "
+                               "e.g. --model llama3-8b --attention gpuwise")
+        if setup.attention in _SUPPORTS and self._supports(setup.attention) is False:
+            name = (self.config.get("architectures") or [self.config["model_type"]])[0]
+            ran = "eager" if self._supports("sdpa") is False else "sdpa"
+            raise GpuwiseError(f"--attention {setup.attention}: transformers' {name} does not run "
+                               f"{_TRANSFORMERS_NAME[setup.attention]} ({_SUPPORTS[setup.attention]} is False)",
+                               f"pass --attention {ran}, or drop --attention")
         if setup.loss != "standard" and not self.causal_lm:
             arch = (self.config.get("architectures") or [self.config["model_type"]])[0]
             raise GpuwiseError(f"--loss {setup.loss} applies to causal language models, not {arch}", "drop --loss")
@@ -197,14 +233,16 @@ class HFSource:
         in place (DeepSeek-V3's ``rope_scaling`` gains ``rope_theta``), which would change the config's cache keys."""
         return {k: copy.deepcopy(v) for k, v in self.config.items() if k not in ("torch_dtype", "dtype")}
 
-    def _model(self, transformers: ModuleType, cfg_dict: dict) -> tuple[Any, nn.Module]:
+    def _model(self, transformers: ModuleType, cfg_dict: dict, attention: Attention | None = None
+               ) -> tuple[Any, nn.Module]:
         """The config and the model transformers builds from ``cfg_dict``: the class the config names
-        (BertForSequenceClassification, LlamaForCausalLM, ...), else a causal LM."""
+        (BertForSequenceClassification, LlamaForCausalLM, ...), else a causal LM, with ``attention`` (None:
+        config.json's own, else SDPA) built as ``_BUILT_AS`` says ("eager" keeps the s x s attention matrix, as it
+        does on GPUs). A model that refuses it gets transformers' own default (``check`` refuses an explicit
+        --attention such a model cannot run first)."""
         arch = next(iter(cfg_dict.get("architectures") or []), None)
         cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
-        # SDPA unless the config asks otherwise ("eager" keeps the s x s attention matrix, as it does on GPUs);
-        # a model that refuses SDPA gets transformers' own default.
-        wanted = self.config.get("attn_implementation") or "sdpa"
+        wanted = _BUILT_AS[attention or _own_attention(self.config.get("attn_implementation")) or "sdpa"]
         for attn in dict.fromkeys((wanted, None)):
             try:
                 config = transformers.AutoConfig.for_model(**cfg_dict)
@@ -234,20 +272,22 @@ class HFSource:
             raise GpuwiseError("--hf-config needs transformers", 'pip install "gpuwise[hf]"') from None
         self._check_config(transformers)
         cfg_dict = self._config_dict()
+        attention = self.attention(setup)
         if n_layer is not None:  # the stack's first n_layer blocks (blocks.py), checked against the real stack's
             cfg_dict = _first_blocks(cfg_dict, n_layer)
             try:
-                config, model = self._model(transformers, cfg_dict)
+                config, model = self._model(transformers, cfg_dict, attention)
             except GpuwiseError as exc:
                 raise Misaligned(f"the first {n_layer} blocks do not build: {exc.message}") from exc
             blocks = find_blocks(model)
             if blocks is None or signatures(blocks) != (self._signatures() or [])[:n_layer]:
                 raise Misaligned(f"a config of {n_layer} blocks does not build the stack's first {n_layer}")
         else:
-            config, model = self._model(transformers, cfg_dict)
+            config, model = self._model(transformers, cfg_dict, attention)
         hf_audio.every_layer(model)  # LayerDrop's draw reads a value: every layer runs (the step's worst case)
         hf_audio.spec_augment(model)  # wav2vec2's SpecAugment masks without a boolean index (hf_audio.py)
         hf_inputs.settle(model)  # X-MOD's default language (hf_inputs.py)
+        top1_routers(model)  # Switch Transformer's routers (hf_build.py)
         seq = self.tokens(setup)
         decode = setup.task == "decode"
         name = type(model).__name__
@@ -319,6 +359,23 @@ class HFSource:
 _CACHE_RUNS: dict[tuple[str, str], bool] = {}
 _SIGNATURES: dict[str, list[tuple] | None] = {}
 _EXPERTS: dict[str, Experts | None] = {}
+_CLASSES: dict[str, type] = {}  # the class transformers builds for each config (its attention flags)
+
+
+def _first(config: dict, keys: tuple[str, ...]) -> int | None:
+    """The first of ``keys`` config.json gives as a whole number."""
+    return next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)),
+                None)
+
+
+def _own_attention(value: Any) -> Attention | None:
+    """config.json's ``attn_implementation`` as --attention names it ("flash_attention_2", "flash_attention_3" and
+    hub kernels such as "kernels-community/flash-attn" are flash; "flex_attention" flex); None: none, or one not
+    known (transformers' default then)."""
+    if not isinstance(value, str):
+        return None
+    return next((name for key, name in (("flash", "flash"), ("flex", "flex"), ("sdpa", "sdpa"), ("eager", "eager"))
+                 if key in value.lower()), None)
 
 
 def _read_config(path: Path) -> Any:
@@ -396,8 +453,9 @@ def _first_blocks(cfg: dict, n_layer: int) -> dict:
     """``cfg`` for the stack's first ``n_layer`` blocks: ``num_hidden_layers``, and every list with one entry a block
     (``layer_types``, ``no_rope_layers``...) or pattern string with one letter a block (Nemotron-H's
     ``hybrid_override_pattern``) cut to as many. Whether that built the first blocks, the build checks."""
-    full = cfg["num_hidden_layers"]
-    out = dict(cfg, num_hidden_layers=n_layer)
+    depth = next(k for k in _LAYERS if _first(cfg, (k,)) is not None)  # num_hidden_layers, or GPT-2's n_layer
+    full = cfg[depth]
+    out = dict(cfg, **{depth: n_layer})
     for key, value in cfg.items():
         per_block = isinstance(value, list) or (isinstance(value, str) and key.endswith("pattern"))
         if per_block and len(value) == full:

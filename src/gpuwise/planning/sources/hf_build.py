@@ -18,6 +18,9 @@ ordinary tensors under ``torch.__future__.set_overwrite_module_params_on_convers
     with concrete_constants() as fix:
         model = cls(config)
     fix(model)
+
+Switch Transformer's sparse MLP converts its router inside forward and reads its routing choice back (which experts
+were hit, each one's name formatted from a tensor): ``top1_routers`` runs it as the GPU does (see there).
 """
 
 from __future__ import annotations
@@ -142,3 +145,45 @@ def fake_conversions() -> Iterator[None]:
         yield
     finally:
         nn.Module._apply = original
+
+
+
+class _Top1Routing(TorchFunctionMode):
+    """Inside a Switch Transformer sparse MLP: ``argmax`` as the first index of ``topk(1)`` (the same expert, ties
+    aside), whose fake output the planner's balanced routing stand-in answers (capture/routing.py); and a 0-d tensor
+    formatted as its value, as a real one formats (``f"expert_{expert_idx[0]}"``: a fake tensor would format as its
+    repr), which reads it (``.item()``) from that stand-in."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.argmax, torch.Tensor.argmax) and args and isinstance(args[0], torch.Tensor):
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            if dim is not None and not kwargs.get("keepdim", False):
+                return torch.topk(args[0], 1, dim=dim).indices.squeeze(dim)
+        if func is torch.Tensor.__format__ and args[0].dim() == 0:
+            return format(args[0].item(), *args[1:])
+        return func(*args, **kwargs)
+
+
+def top1_routers(model: nn.Module) -> None:
+    """Switch Transformer's sparse MLPs (transformers' ``SwitchTransformersSparseMLP``: a top-1 router, then a loop
+    over the experts hit) as they run on the GPU.
+
+    The router's forward converts its classifier to the router's dtype (``self.classifier.to(self.dtype)``: fp32, the
+    paper's selective precision, sec. 2.4), which on a GPU converts it once and leaves it so: here it is converted
+    when the model is built (the step's steady state), and the forward's own ``.to`` converts nothing
+    (``fake_conversions``). Its choice of expert and the loop's reads run under ``_Top1Routing``."""
+    for module in model.modules():
+        router = getattr(module, "router", None)
+        classifier, dtype = getattr(router, "classifier", None), getattr(router, "dtype", None)
+        if not (type(router).__name__.endswith("Top1Router") and isinstance(classifier, nn.Linear)
+                and isinstance(dtype, torch.dtype)):
+            continue
+        with fake_conversions():
+            router.classifier = classifier.to(dtype)
+
+        def forward(*args, _inner=module.forward, **kwargs):
+            with fake_conversions(), _Top1Routing():
+                return _inner(*args, **kwargs)
+
+        module.forward = forward

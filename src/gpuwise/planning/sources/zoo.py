@@ -6,8 +6,12 @@ from dataclasses import dataclass, replace
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.models import ZooModel
-from gpuwise.planning.setup import Setup
+from gpuwise.planning.setup import Attention, Setup
 from gpuwise.planning.sources.base import Built, Decoder, check_decode
+
+# --attention -> the built-in models' attn_impl (models/common.py): flash and flex run as SDPA, whose CPU flash kernel
+# keeps what the CUDA flash kernels keep (the output and logsumexp); the Setup still names the kernel priced
+_RUNS_AS = {"eager": "eager", "sdpa": "sdpa", "flash": "sdpa", "flex": "sdpa", "gpuwise": "gpuwise"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +50,7 @@ class ZooSource:
                                "drop --audio-seconds")
         if setup.task == "decode":
             check_decode(z.name, self.decoder is not None, self.context(setup), z.max_seq)
-        if setup.attention != "sdpa" and not hasattr(z.config, "attn_impl"):
+        if setup.attention not in (None, "sdpa") and not hasattr(z.config, "attn_impl"):
             raise GpuwiseError(f"--attention {setup.attention} applies to the GPT and Llama models, not {z.name}",
                                "drop --attention")
         if setup.loss != "standard" and z.family != "decoder":
@@ -68,6 +72,10 @@ class ZooSource:
             raise GpuwiseError(f"--image-size {setup.image_size} is too small for {z.name}",
                                "pass --image-size 32 or more")
 
+    def attention(self, setup: Setup) -> Attention:
+        """The attention implementation ``setup`` runs: --attention, else SDPA (the built-in models call it)."""
+        return setup.attention or "sdpa"
+
     def tokens(self, setup: Setup) -> int:
         """Tokens (or images, or samples) per micro-batch element; a decode step feeds one token per sequence."""
         if setup.task == "decode":
@@ -81,8 +89,9 @@ class ZooSource:
 
     def build(self, setup: Setup, batch: int, n_layer: int | None) -> Built:
         z = self.zoo
-        if setup.attention != "sdpa":
-            z = replace(z, config=replace(z.config, attn_impl=setup.attention))
+        impl = _RUNS_AS[self.attention(setup)]
+        if impl != "sdpa":
+            z = replace(z, config=replace(z.config, attn_impl=impl))
         if setup.loss != "standard":
             z = replace(z, config=replace(z.config, loss=setup.loss))
         model = z.instantiate(n_layer)

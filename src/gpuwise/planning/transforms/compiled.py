@@ -7,7 +7,8 @@ What is modelled:
   parameters as inputs) with inductor's decompositions (``select_decomp_table``), split by the partitioner
   inductor uses for training, ``min_cut_rematerialization_partition``: what it saves between forward and backward is
   what the step keeps (tagged activations by the planner's saved-tensor hook, as eager's are), and what it
-  recomputes runs, with its FLOPs, in backward.
+  recomputes runs, with its FLOPs, in backward. An inference step (``--task infer``, run under ``no_grad``) is traced
+  into one forward graph, unpartitioned, as ``torch.compile`` traces a module called without grad.
 - Fusion: inductor's scheduler fuses chains of pointwise ops, and reductions with the pointwise ops around them, into
   one kernel whose intermediates live in registers. Here a node is fusible if its aten op carries
   ``torch.Tag.pointwise`` or ``torch.Tag.reduction``, is a seeded random op (inductor generates the random numbers
@@ -33,7 +34,8 @@ kernels, cudagraphs (``mode="reduce-overhead"`` keeps a static pool), fusion acr
 the blocks are compiled, as torchtitan does; ``gpuwise train --compile`` compiles the whole model), layouts inductor
 picks (the CPU attention kernel's layout is traced; the planner hands out CUDA's, so a copy the GPU would skip can
 remain), and the bytes a fused kernel does not move (the cost model still counts every op's reads and writes; FLOPs
-are exact: the min-cut partitioner recomputes only ops without FLOPs unless checkpointing asks for more).
+are exact: the min-cut partitioner recomputes only ops without FLOPs unless checkpointing asks for more), and a
+decode step (inductor updates the KV cache in place; the traced graph would copy it whole: Setup refuses it).
 """
 
 from __future__ import annotations
@@ -235,7 +237,8 @@ def tag_checkpointing(joint: fx.GraphModule, checkpointing: str) -> None:
 class CompiledBlocks:
     """The graphs each compiled block was traced into (one entry per distinct block and input signature)."""
 
-    graphs: list[list[fx.GraphModule]] = field(default_factory=list)  # [forward, backward] of each trace run
+    # [forward, backward] of each training trace run (an inference trace's one graph: its function's ``graphs``)
+    graphs: list[list[fx.GraphModule]] = field(default_factory=list)
     on_fused: Callable[[object], None] | None = None  # the planner's tracker: counts these outputs as never allocated
     pause: Callable[[bool], None] | None = None  # the planner's tracker: stop (True) and resume recording
 
