@@ -1,10 +1,7 @@
 """Predicted training throughput against published measurements (planner-anchors.md §6, exact configs).
 
-The matmul efficiency (costmodel.EFFICIENCY ("matmul", "HBM"), one for Ampere and Hopper) is fitted on the FIT
-anchors and scored on the HELD_OUT ones; it applies to the rate each board sustains at its power
-(costmodel.POWER, fitted on Lambda BERT-large in benchmarks/recommend_order.py, which none of these anchors feeds).
-The two fits are coupled (the H100 SXM's clock share scales anchor 6); the table holds their fixed point:
-both scripts refit their constants with the other's as in the table and print the same values.
+Scored only: the step-time model (cost/step.py over cost/kernels.py) is fitted on per-kernel microbenchmarks, none
+of these runs (benchmarks/speed_truth.py scores them with every other published run).
 Predictions only: the step is captured on fake tensors, nothing runs on a GPU.
 
     python benchmarks/speed_validation.py          # the table, and the fit
@@ -67,8 +64,10 @@ ANCHORS = (
     Anchor(13, "GPT-2 124M nanoGPT, 8x A100 40GB, mb 12, ga 5, DDP", "gpt2",
            Setup(micro_batch=12, seq=1024, grad_accum=5, gpus=8), "a100-40gb-sxm", 109_300, "karpathy/nanoGPT#110"),
 )
-FIT = {("matmul", "HBM"): (5, 6, 13)}
-HELD_OUT = (3, 4, 7)
+# The kernel-time model (cost/kernels.py) is fitted on per-kernel measurements only: every anchor is held out. FIT
+# names the anchors the retired matmul share was fitted on (before issue 26), for the record.
+FIT: dict[tuple[str, ...], tuple[int, ...]] = {}
+HELD_OUT = (3, 4, 5, 6, 7, 13)
 # Selective activation checkpointing (#3-#5) recomputes only cheap ops: captured as none.
 
 
@@ -93,27 +92,10 @@ def error(predicted: float, measured: float) -> float:
     return predicted / measured - 1
 
 
-def fit(steps: dict[int, object], key: tuple[str, ...], ids: tuple[int, ...]) -> float:
-    """The efficiency ``key`` minimising the worst |error| on ``ids`` (0.30 .. 0.90 in steps of 0.01)."""
-    old = costmodel.EFFICIENCY[key]
-    best = None
-    try:
-        for eta in [x / 100 for x in range(30, 91)]:
-            costmodel.EFFICIENCY[key] = dataclasses.replace(old, value=eta)
-            worst = max(abs(error(predict(a, steps[a.id]), a.measured_tok_s_per_gpu)) for a in ANCHORS if a.id in ids)
-            if best is None or worst < best[0]:
-                best = (worst, eta)
-    finally:
-        costmodel.EFFICIENCY[key] = old
-    return best[1]
-
-
 def main() -> int:
     t0 = time.perf_counter()
     steps = {a.id: step_of(a) for a in ANCHORS}
     capture_s = time.perf_counter() - t0
-    for key, ids in FIT.items():
-        print(f"fitted {key} on anchors {ids}: {fit(steps, key, ids):.2f} (table: {costmodel.EFFICIENCY[key].value})")
     print(f"{'#':>3}  {'anchor':<48} {'set':<8} {'measured':>9} {'predicted':>9} {'error':>7}  MFU")
     errs = {"fit": [], "held out": []}
     for a in ANCHORS:

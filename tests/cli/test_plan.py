@@ -42,7 +42,10 @@ def test_plan_json_has_the_documented_keys(capsys):
     assert fit["required_bytes"] == data["peak_bytes"] + data["overhead_bytes"]
     # the step's modelled time (cost/step.py StepTime, recommend's), itemised, and the roofline bound beside it
     step = fit["step"]
-    assert {"seconds", "compute_s", "memory_s", "launch_s", "exposed_comm_s", "mfu", "bound_s", "basis"} <= set(step)
+    assert {"seconds", "phases_s", "families_s", "exposed_comm_s", "mfu", "bound_s", "basis", "error"} <= set(step)
+    assert set(fit["phases_s"]) == {"forward", "backward", "optimizer", "communication", "bubble"}
+    assert sum(fit["phases_s"].values()) == pytest.approx(fit["step_time_s"])
+    assert fit["families_s"]["matmul"] > 0 and fit["step_time_error"] == step["error"] > 0
     assert fit["step_time_s"] == step["seconds"] and fit["step_time_bound_s"] == step["bound_s"] < step["seconds"]
     assert fit["rates"] == step["rates"] == "datasheet"
 

@@ -71,12 +71,14 @@ def _serve(source, **traffic):
 
 def _hand_tpot(bytes_read: float, batch: int, n: int) -> float:
     """A decode step by hand: bytes / (eta x the catalog's bandwidth) + the fixed cost, and Megatron tensor
-    parallelism's two all-reduces of each token's 4096-wide bf16 hidden state a layer at the link's bus bandwidth."""
-    from gpuwise.planning.cost.step import allreduce_link
+    parallelism's two all-reduces of each token's 4096-wide bf16 hidden state a layer at the link's bus bandwidth
+    (its large-message figure, cost/comm.py)."""
+    from gpuwise.planning.cost.comm import collective_seconds
 
     h100 = CATALOG.get("h100-sxm")
     fit = DECODE["HBM"]
-    comm = 2 * 32 * 4096 * 2 * 2 * (n - 1) / n / (allreduce_link(h100, n).busbw_gbps * 1e9)
+    busbw = collective_seconds("all-reduce", 2.0**28, n, h100, dtype="bf16").busbw_gbps
+    comm = 2 * 32 * 4096 * 2 * 2 * (n - 1) / n / (busbw * 1e9)
     return bytes_read / (fit.eta * h100.memory_bandwidth_gbps * 1e9) + fit.fixed_s + comm * batch
 
 

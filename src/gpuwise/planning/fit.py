@@ -12,8 +12,9 @@ from typing import Literal
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
+from gpuwise.planning.cost.comm import expert_parallel
 from gpuwise.planning.cost.roofline import roofline_bound
-from gpuwise.planning.cost.step import StepTime, all_to_all_time, step_time
+from gpuwise.planning.cost.step import StepTime, step_time
 from gpuwise.planning.parallel.sharding import PerGpu
 from gpuwise.planning.setup import MAX_BATCH
 from gpuwise.units import MiB
@@ -122,5 +123,6 @@ def _bound(step: PerGpu, acc: Accelerator, calibration: Calibration | None, all_
     bound = roofline_bound(step, acc, calibration)
     if bound is None:
         return None, None
-    timed = None if all_to_all is None else all_to_all_time(all_to_all, acc)
-    return bound.seconds + (0.0 if timed is None else timed[0]), bound.rates
+    s = step.setup
+    timed = None if all_to_all is None else expert_parallel(all_to_all, acc, micro_batches=s.grad_accum, tp=s.tp)
+    return bound.seconds + (0.0 if timed is None else timed.exposed_s), bound.rates

@@ -17,8 +17,8 @@ from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.capture.workload import Workload, simulate_if_applicable
+from gpuwise.planning.cost.comm import expert_parallel
 from gpuwise.planning.cost.serving import DecodeRead
-from gpuwise.planning.cost.step import all_to_all_time
 from gpuwise.planning.experts import Experts
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
 from gpuwise.planning.parallel.expert import AllToAll, hot_rank_factor
@@ -81,8 +81,10 @@ class Planner:
         self._per_gpu: dict[Setup, PerGpu] = {}
 
     def workload(self, setup: Setup, *, batch_model: bool = False) -> Workload:
-        """The capture of ``setup`` (one GPU: sharding applies after it); NotApplicable if the model cannot take it."""
-        key = capture_setup(setup)
+        """The capture of ``setup`` (one GPU: sharding applies after it), with the attention its step runs
+        (``resolved_attention``: one capture whether or not the caller resolved it); NotApplicable if the model cannot
+        take it."""
+        key = capture_setup(resolved_attention(self.source, setup))
         hit = self._workloads.get((key, True)) or (None if batch_model else self._workloads.get((key, False)))
         if hit is None:
             hit = self._workloads[key, batch_model] = simulate_if_applicable(self.source, key, batch_model=batch_model)
@@ -91,6 +93,7 @@ class Planner:
     def per_gpu(self, setup: Setup, *, batch_model: bool = False) -> PerGpu:
         """One GPU of ``setup``; under --pp the worst stage's: the first (the most micro-batches in flight) or the
         last (the head and the loss), each captured as it runs (planning/parallel/)."""
+        setup = resolved_attention(self.source, setup)
         hit = self._per_gpu.get(setup)
         if hit is None or (batch_model and hit.batch_model is None):
             if setup.pp > 1 and setup.stage is None:
@@ -143,6 +146,15 @@ def _layout(step: PerGpu, n_layer: int | None) -> Layout | None:
     return layout(s, n_layer, step.host_bytes)
 
 
+def resolved_attention(source, setup: Setup) -> Setup:
+    """``setup`` with the attention implementation its step runs (the source's: --attention, else an HF config's
+    ``attn_implementation``, else SDPA), the one the kernel-time model prices; a model from a file runs its own."""
+    if setup.attention is not None:
+        return setup
+    pick = getattr(source, "attention", None)
+    return replace(setup, attention=pick(setup) if pick is not None else "sdpa")
+
+
 def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = None,
          catalog: Catalog | None = None, calibrations: dict[str, Calibration] | None = None) -> MemoryPlan:
     """Simulate ``setup`` for ``source`` and fit it on ``gpu`` (a catalog name) or on every catalog GPU, each with
@@ -158,6 +170,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     if setup.task == "decode" and setup.context is None:  # the plan names the context it chose
         source.check(setup)
         setup = replace(setup, context=source.context(setup))
+    setup = resolved_attention(source, setup)
     planner = Planner(source)
     try:
         step = planner.per_gpu(setup, batch_model=True)
@@ -234,10 +247,10 @@ def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None, acc=
     a2a = AllToAll(moe_layers=layers, tokens=w.tokens_per_step, top_k=experts.top_k, hidden=experts.hidden,
                    itemsize=w.setup.weight_dtype.itemsize, ep=s.ep, factor=hot_rank_factor(s),
                    dispatches=2 if s.checkpointing != "none" else 1)
-    timed = None if acc is None else all_to_all_time(a2a, acc)
+    timed = None if acc is None else expert_parallel(a2a, acc, micro_batches=s.grad_accum, tp=s.tp)
     if timed is None:
         return replace(a2a, link=None if acc is None else f"not timed: {acc.name} has no link figure")
-    return replace(a2a, seconds=timed[0], link=timed[1].source)
+    return replace(a2a, seconds=timed.exposed_s, link=timed.basis)
 
 
 def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,

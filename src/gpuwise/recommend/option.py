@@ -62,6 +62,7 @@ class Option(Costs):
                 "rent_usd": self.rent_usd, "buy_usd": self.buy_usd, "buy_price": self.buy_price,
                 "energy_kwh": self.energy_kwh, "per_joule": self.per_joule, "basis": self.basis,
                 "excluded": self.excluded, "pareto": self.pareto,
+                **{name: getattr(self, name, None) for name in ("phases_s", "families_s", "step_time_error")},
                 **{name: getattr(self, name, None) for name in SERVING_FIELDS}}
 
 
@@ -70,6 +71,11 @@ class TrainingOption(Option):
     """A training row: the settings that fit (micro-batch, accumulation, precision, checkpointing, sharding)."""
 
     setup: Setup | None = None  # None: left out before a run was found
+    # the step's time by phase (forward, backward, optimizer, communication, bubble) and by op family, and the model's
+    # held-out relative error: cost/step.py's StepTime, the same numbers plan prints
+    phases_s: dict[str, float] | None = None
+    families_s: dict[str, float] | None = None
+    step_time_error: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -141,7 +141,7 @@ class _Search:
         if run not in self._steps:
             held = 1 if probe.optimizer_in_backward else 2  # a step in backward cannot accumulate
             w = self.planner.workload(replace(probe, grad_accum=held), batch_model=True).at(micro, accum)
-            self._steps[run] = None if w is None else per_gpu(w, run)
+            self._steps[run] = None if w is None else per_gpu(w, replace(run, attention=w.setup.attention))
         return self._steps[run]
 
     def _probe(self, probe: Setup) -> PerGpu:
@@ -265,7 +265,8 @@ def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t: StepTime, goal
     return TrainingOption(
         gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(run, base),
         step_time_s=t.seconds, throughput=throughput, mfu=t.mfu, time_to_goal_s=None if hours is None else hours * 3600,
-        basis=t.basis, **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
+        basis=t.basis, phases_s=t.phases_s, families_s=t.families_s, step_time_error=t.error,
+        **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
 
 
 def training_cost(c: Constraints) -> Callable[[Option], float]:

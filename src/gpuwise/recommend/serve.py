@@ -140,8 +140,8 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     batch touches (serving.moe_weights_read, uniform routing); tensor parallelism splits every expert's matrices
     over the replica's GPUs, so each GPU reads that share of its slice."""
     from gpuwise.planning.capture.tracker import CATEGORIES
+    from gpuwise.planning.cost.comm import collective_seconds
     from gpuwise.planning.cost.serving import bytes_per_weight, decode_time, kv_bytes_per_token, max_concurrency
-    from gpuwise.planning.cost.step import allreduce_link
 
     params = step.workload.params
     weights = params * bytes_per_weight(traffic.weights)
@@ -176,7 +176,8 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
             continue
         comm_per_seq, link_note = 0.0, ""
         if n > 1:
-            link = allreduce_link(acc, n)
+            # the link's bus bandwidth for large messages (cost/comm.py: measured tables, else the link's fit)
+            link = collective_seconds("all-reduce", 2.0**28, n, acc, dtype="bf16")
             if link is None:
                 why = f"no known link between {n} of these"
                 continue

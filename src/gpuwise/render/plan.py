@@ -12,7 +12,7 @@ from rich.text import Text
 
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning.cost.validation import HELD_OUT_ERROR
-from gpuwise.render._common import _count, _seconds3, to_jsonable
+from gpuwise.render._common import _count, _seconds3, step_parts, to_jsonable
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
@@ -30,6 +30,9 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
         remedy["fits"] = raw.fits
     for fit in data["gpus"]:
         fit["fits"] = fit["status"] != "no"
+        step = fit.get("step") or {}  # the modelled step's parts, beside its time (cost/step.py's StepTime)
+        fit["phases_s"], fit["families_s"] = step.get("phases_s"), step.get("families_s")
+        fit["step_time_error"] = step.get("error")
     if plan.experts is not None:
         data["experts"]["active"] = plan.experts.active
     if plan.all_to_all is not None:
@@ -136,9 +139,13 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
                       "step.py); bound: max(bytes read / bandwidth, FLOPs / matmul peak), which no step beats; "
                       "llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
-        console.print(f"step: modelled op by op at the {rates}datasheet's rates (planning/cost/step.py), as recommend "
-                      f"ranks it ({HELD_OUT_ERROR}); bound: the roofline, max(FLOPs / dense peak, bytes / bandwidth), "
-                      "which no step beats")
+        first = next((f for f in plan.gpus if f.gpu == plan.gpu and f.step is not None), None)
+        err = f"±{100 * first.step.error:.0f}% " if first is not None else ""
+        console.print(f"step: modelled kernel by kernel from the {rates}GPU's facts (planning/cost/step.py), as "
+                      f"recommend ranks it, {err}({HELD_OUT_ERROR}); bound: the roofline, max(FLOPs / dense peak, "
+                      "bytes / bandwidth), which no step beats")
+        if first is not None:
+            console.print(f"{first.gpu}: {step_parts(first.step.phases_s, first.step.families_s)}")
     missing = [f.gpu for f in plan.gpus if f.missing_dtype]
     if missing:
         verb = "has" if len(missing) == 1 else "have"

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuwise.planning.cost.validation import HELD_OUT_ERROR
-from gpuwise.render._common import _num, to_jsonable
+from gpuwise.render._common import _num, _seconds3, step_parts, to_jsonable
 
 if TYPE_CHECKING:
     from gpuwise.recommend.guide import Guide
@@ -190,7 +190,12 @@ def render_recommend(r: Recommendation, console: Console) -> None:
     if r.best is not None:
         notes.append(f"to run the first row: gpuwise train (or plan) ... {r.best.flags}".rstrip()
                      if r.best.flags else "the first row runs as given")
-        notes.append(f"basis of the first row: {r.best.basis}; {HELD_OUT_ERROR}")
+        err = getattr(r.best, "step_time_error", None)
+        parts = step_parts(getattr(r.best, "phases_s", None), getattr(r.best, "families_s", None))
+        notes.append(f"the first row's step: {_seconds3(r.best.step_time_s)}"
+                     + (f" ±{100 * err:.0f}%" if err else "") + (f" ({parts})" if parts else "")
+                     + f"; {HELD_OUT_ERROR}")
+        notes.append(f"basis of the first row: {r.best.basis}")
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
             p = r.best.rent_usd_per_hour
             notes.append(f"its price: ${p.usd:.2f}/GPU-hour, {p.source}" + (f" ({p.date})" if p.date else ""))
@@ -212,6 +217,7 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
                 "rent_usd_per_gpu_hour": to_jsonable(o.rent_usd_per_hour), "rent_usd": o.rent_usd,
                 "buy_usd": o.buy_usd, "buy_price": to_jsonable(o.buy_price), "energy_kwh": o.energy_kwh,
                 f"{r.unit}_per_joule": o.per_joule, "pareto": o.pareto, "basis": o.basis, "excluded": o.excluded,
+                "phases_s": d["phases_s"], "families_s": d["families_s"], "step_time_error": d["step_time_error"],
                 **({} if r.traffic is None else {
                     "decode_tokens_per_s": d["per_user"], "ttft_s": d["ttft_s"],
                     "max_concurrency": d["max_concurrency"], "replicas": d["replicas"], "gpus_total": o.gpus_total,

@@ -47,3 +47,17 @@ def test_max_batch_against_a_brute_force_search():
         capacity, limit = float(rng.integers(0, 1000)), int(rng.integers(1, 64))
         fits = [b for b in range(1, limit + 1) if tl.live(b).sum(axis=1).max() <= capacity]
         assert tl.max_batch(capacity, limit) == max(fits, default=0), (base, slope, capacity, limit)
+
+
+def test_op_shapes_at_another_batch_match_a_direct_capture():
+    """capture_at carries each op's GEMM shape with its FLOPs: the (b, m, n, k) predicted at batch 5 from captures at
+    2 and 3 are a direct capture's at 5, row by row (the kernel-time model prices tiles and waves from them)."""
+    from gpuwise.planning.capture.scaling import capture_at
+
+    src = ZooSource(zoo=get_model("gpt2"))
+    setup = Setup(micro_batch=2, seq=64)
+    a, b = (capture(src, setup, batch=n, n_layer=2) for n in (2, 3))
+    predicted, direct = capture_at(a, b, 5), capture(src, setup, batch=5, n_layer=2)
+    np.testing.assert_array_equal(predicted.rows.family, direct.rows.family)
+    np.testing.assert_array_equal(predicted.rows.dims, direct.rows.dims)
+    assert (direct.rows.dims[:, 1] == 5 * 64).any()  # some GEMM's m is the tokens of the batch

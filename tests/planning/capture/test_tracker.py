@@ -91,3 +91,36 @@ def test_activations_per_layer_match_korthikanti(sdpa):
     print(f"\nper layer: {got / sbh:.2f} sbh measured, {expected / sbh:.2f} sbh (Korthikanti), "
           f"ratio {got / expected:.3f}")
     assert got == pytest.approx(expected, rel=0.05), f"{got / sbh:.2f} sbh vs {expected / sbh:.2f} sbh"
+
+
+def test_ops_carry_their_kernel_family_and_gemm_shape():
+    """The kernel-time model reads each op's family and the (b, m, n, k) its kernel runs: a linear layer's forward
+    is (tokens, in) x (in, out), its two backward GEMMs the transposes; a convolution is its implicit GEMM (N x output
+    pixels, output channels, input channels x kernel size); a batched matmul keeps its batch; SDPA is one fused
+    attention kernel over (batch x heads) score matrices."""
+    from gpuwise.compat import FakeTensorMode
+    from gpuwise.planning.capture.tracker import FAMILIES, Tracker
+
+    with FakeTensorMode():
+        lin = nn.Linear(64, 96)
+        conv = nn.Conv2d(3, 16, kernel_size=3, padding=1)
+        x = torch.randn(8, 64, requires_grad=True)
+        img = torch.randn(2, 3, 10, 10)
+        q = torch.randn(2, 4, 32, 16)
+        with Tracker() as tr:
+            lin(x).sum().backward()
+            conv(img)
+            torch.bmm(torch.randn(5, 7, 11), torch.randn(5, 11, 13))
+            F.scaled_dot_product_attention(q, q, q)
+            torch.softmax(torch.randn(4, 4), dim=-1)
+    rows = tr.op_rows()
+    got = {(FAMILIES[f], tuple(int(v) for v in d)) for f, d in zip(rows.family, rows.dims, strict=True)
+           if FAMILIES[f] in ("matmul", "bmm", "conv", "attention")}
+    assert ("matmul", (1, 8, 96, 64)) in got  # x @ W^T
+    assert ("matmul", (1, 8, 64, 96)) in got  # grad_x = grad_y @ W
+    assert ("matmul", (1, 96, 64, 8)) in got  # grad_W = grad_y^T @ x
+    assert ("conv", (1, 2 * 10 * 10, 16, 3 * 9)) in got
+    assert ("bmm", (5, 7, 13, 11)) in got
+    assert ("attention", (8, 32, 32, 16)) in got
+    families = {FAMILIES[f] for f in rows.family}
+    assert {"softmax", "reduction", "elementwise"} <= families

@@ -195,7 +195,7 @@ def test_paged_optimizer_share_under_ep_is_sharded_as_the_optimizer_column(tmp_p
 
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_expert_gradients_reduce_over_the_ranks_that_hold_them(planner, sharding):
-    from gpuwise.planning.cost.step import comm_bytes
+    from gpuwise.planning.cost.comm import comm_bytes
 
     # 4 GPUs, bf16-mixed: the non-expert Pn parameters reduce over all 4 ranks (share 3/4); each GPU's experts over
     # the 4 / ep ranks holding the same ones: share 1/2 at ep = 2, none at ep = 4 (every GPU its own)
@@ -232,13 +232,14 @@ def test_all_to_all_counts_recompute_and_the_busiest_gpu(capsys, config, planner
     sent = unit * (1 + 1 + 1) + 2 * unit * (1 + 1)  # dispatch x2 and combine-backward: 1x; combine, dispatch-bwd: 2x
     received = 2 * unit * (2 + 1) + unit * (1 + 1)
     assert (a2a["bytes"], a2a["received"], a2a["busiest"]) == (sent, received, 5 * 2 * unit)
-    # timed: every exchange waits on the busiest GPU's 2 x unit, over H100 NVLink 4: 900 GB/s both ways, 450 a
-    # direction, x0.82 (NVIDIA/nccl-tests#212's 370 of 450 GB/s): 369 GB/s; the step's figure carries it
-    assert a2a["seconds"] == pytest.approx(5 * 2 * unit / 369e9)
+    # timed: every exchange waits on the busiest GPU's 2 x unit over H100 NVLink 4 (450 GB/s a direction, never
+    # faster), one all-to-all a layer and exchange, each paying NCCL's latency as OpenXLA's H100 table measured it
+    assert a2a["seconds"] > 5 * 2 * unit / 450e9 and a2a["seconds"] > 5 * LAYERS * 10e-6
+    assert "OpenXLA" in a2a["link"]
     code, out, err = run_cli(capsys, *base[:-1], "--checkpointing", "full", "--moe-imbalance", "2")
     text = " ".join(out.split())
     assert "as much received" not in text and f"receives {received / 1024:g} KiB per step" in text, text
-    assert "added to the step time" in text and "all-to-all 369 GB/s busbw" in text
+    assert "added to the step time" in text and "OpenXLA" in text
 
 
 def test_all_to_all_bytes_are_the_formula_in_the_json_and_the_text(capsys, config):

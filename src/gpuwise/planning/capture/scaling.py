@@ -69,6 +69,13 @@ def _affine(x1: np.ndarray, x2: np.ndarray, b1: int, b2: int, batch: int) -> np.
     return x1 + (batch - b1) * step
 
 
+def _affine_dims(x1: np.ndarray, x2: np.ndarray, b1: int, b2: int, batch: int) -> np.ndarray:
+    """A GEMM's (b, m, n, k) at ``batch``, each affine in the batch as the FLOPs are, rounded (an expert's share of
+    the routed tokens is a whole number at each batch but need not step evenly), never below 1 where it was >= 1."""
+    got = np.rint(x1 + (x2 - x1) * ((batch - b1) / (b2 - b1))).astype(np.int64)
+    return np.where(x1 > 0, np.maximum(got, 1), 0)
+
+
 def capture_at(a: Capture, b: Capture, batch: int) -> Capture:
     """The capture at ``batch`` as two captures of the same step (at ``a.batch`` and ``b.batch``) predict it:
     every storage's size and every op's FLOPs and bytes affine in the batch (see the module docstring), each
@@ -84,7 +91,8 @@ def capture_at(a: Capture, b: Capture, batch: int) -> Capture:
         return a if batch == a.batch else b
     rows = OpRows(flops=_affine(a.rows.flops, b.rows.flops, a.batch, b.batch, batch),
                   bytes=_affine(a.rows.bytes, b.rows.bytes, a.batch, b.batch, batch),
-                  kind=a.rows.kind, phase=a.rows.phase)
+                  kind=a.rows.kind, phase=a.rows.phase, family=a.rows.family,
+                  dims=_affine_dims(a.rows.dims, b.rows.dims, a.batch, b.batch, batch))
     storages = replace(a.storages, nbytes=_affine(a.storages.nbytes, b.storages.nbytes, a.batch, b.batch, batch))
     if (rows.flops < 0).any() or (rows.bytes < 0).any() or (storages.nbytes < 0).any():
         raise Misaligned(f"batch {batch} is outside what batch {a.batch} and batch {b.batch} predict")

@@ -21,6 +21,8 @@ GPU-specific behaviour modelled here (the step itself runs on fake CPU tensors):
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import weakref
 from collections import Counter
 from collections.abc import Iterable
@@ -76,6 +78,13 @@ _NO_FLOPS = frozenset({
 # are fp32 (in a 16-bit run: MoE experts under autocast, autocast.py; cost/step.py prices them at the fp32 rate).
 KINDS = ("matmul", "attention", "other", "none", "matmul-fp8", "matmul-fp32")
 MATMUL, ATTENTION, OTHER, NONE, MATMUL_FP8, MATMUL_FP32 = range(6)
+# Op families for the kernel-time model (cost/kernels.py): how each kernel is priced. GEMMs (mm, addmm, linear) and
+# batched GEMMs (bmm, baddbmm, grouped) by their (b, m, n, k) tiles and waves; convolutions by their implicit GEMM;
+# fused attention kernels by their implementation; the rest by the bytes they move, per family.
+FAMILIES = ("matmul", "bmm", "conv", "attention", "elementwise", "norm", "softmax", "reduction", "optimizer", "copy",
+            "none")
+(F_MATMUL, F_BMM, F_CONV, F_ATTENTION, F_ELEMENTWISE, F_NORM, F_SOFTMAX, F_REDUCTION, F_OPTIMIZER, F_COPY,
+ F_NONE) = range(len(FAMILIES))
 PHASES = ("forward", "backward", "optimizer")
 _PHASE = {"setup": 0, "forward": 0, "backward": 1, "optimizer": 2}
 # Allocation and metadata ops: the caching allocator hands out memory without a kernel.
@@ -98,11 +107,14 @@ class OpCosts:
     kind: np.ndarray = field(repr=False)  # int8 index into KINDS
     phase: np.ndarray = field(repr=False)  # int8 index into PHASES
     count: np.ndarray = field(repr=False)  # float64 weight
+    family: np.ndarray = field(repr=False)  # int8 index into FAMILIES
+    dims: np.ndarray = field(repr=False)  # float64 (rows, 4): a GEMM's (b, m, n, k) (op_dims); zeros for the rest
 
     @classmethod
     def empty(cls) -> OpCosts:
         z = np.zeros(0)
-        return cls(flops=z, bytes=z, kind=z.astype(np.int8), phase=z.astype(np.int8), count=z)
+        return cls(flops=z, bytes=z, kind=z.astype(np.int8), phase=z.astype(np.int8), count=z,
+                   family=z.astype(np.int8), dims=np.zeros((0, 4)))
 
     def __len__(self) -> int:
         return len(self.count)
@@ -116,11 +128,11 @@ class OpCosts:
         return float(self.bytes @ self.count)
 
     def scaled(self, weight: float) -> OpCosts:
-        return OpCosts(flops=self.flops, bytes=self.bytes, kind=self.kind, phase=self.phase, count=self.count * weight)
+        return dataclasses.replace(self, count=self.count * weight)
 
     def where(self, mask: np.ndarray) -> OpCosts:
         return OpCosts(flops=self.flops[mask], bytes=self.bytes[mask], kind=self.kind[mask], phase=self.phase[mask],
-                       count=self.count[mask])
+                       count=self.count[mask], family=self.family[mask], dims=self.dims[mask])
 
     @staticmethod
     def combine(*parts: OpCosts) -> OpCosts:
@@ -130,7 +142,10 @@ class OpCosts:
         kind = np.concatenate([p.kind for p in parts])
         phase = np.concatenate([p.phase for p in parts])
         count = np.concatenate([p.count for p in parts])
-        rows = np.stack([flops, nbytes, kind.astype(np.float64), phase.astype(np.float64)], axis=1)
+        family = np.concatenate([p.family for p in parts])
+        dims = np.concatenate([p.dims for p in parts])
+        rows = np.column_stack([flops, nbytes, kind.astype(np.float64), phase.astype(np.float64),
+                                family.astype(np.float64), dims])
         if not len(rows):
             return OpCosts.empty()
         unique, inverse = np.unique(rows, axis=0, return_inverse=True)
@@ -138,7 +153,7 @@ class OpCosts:
         keep = summed != 0
         u = unique[keep]
         return OpCosts(flops=u[:, 0], bytes=u[:, 1], kind=u[:, 2].astype(np.int8), phase=u[:, 3].astype(np.int8),
-                       count=summed[keep])
+                       count=summed[keep], family=u[:, 4].astype(np.int8), dims=u[:, 5:9])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,27 +165,31 @@ class OpRows:
     bytes: np.ndarray = field(repr=False)  # int64, read + written per call
     kind: np.ndarray = field(repr=False)  # int8 index into KINDS
     phase: np.ndarray = field(repr=False)  # int8 index into PHASES
+    family: np.ndarray = field(repr=False)  # int8 index into FAMILIES
+    dims: np.ndarray = field(repr=False)  # int64 (rows, 4): a GEMM's (b, m, n, k) (op_dims); zeros for the rest
 
     def __len__(self) -> int:
         return len(self.flops)
 
     def __getitem__(self, index: slice) -> OpRows:
-        return OpRows(flops=self.flops[index], bytes=self.bytes[index], kind=self.kind[index], phase=self.phase[index])
+        return OpRows(flops=self.flops[index], bytes=self.bytes[index], kind=self.kind[index], phase=self.phase[index],
+                      family=self.family[index], dims=self.dims[index])
 
     @staticmethod
     def concat(*parts: OpRows) -> OpRows:
-        return OpRows(flops=np.concatenate([p.flops for p in parts]), bytes=np.concatenate([p.bytes for p in parts]),
-                      kind=np.concatenate([p.kind for p in parts]), phase=np.concatenate([p.phase for p in parts]))
+        return OpRows(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                         for f in dataclasses.fields(OpRows)})
 
     def same_ops(self, other: OpRows) -> bool:
-        """The same op kinds in the same phases, call by call (their sizes may differ)."""
+        """The same op kinds and families in the same phases, call by call (their sizes may differ)."""
         return (len(self) == len(other) and np.array_equal(self.kind, other.kind)
-                and np.array_equal(self.phase, other.phase))
+                and np.array_equal(self.phase, other.phase) and np.array_equal(self.family, other.family))
 
     def costs(self) -> OpCosts:
         """Each row with weight 1, identical rows merged."""
         return OpCosts.combine(OpCosts(flops=self.flops.astype(np.float64), bytes=self.bytes.astype(np.float64),
-                                       kind=self.kind, phase=self.phase, count=np.ones(len(self))))
+                                       kind=self.kind, phase=self.phase, count=np.ones(len(self)),
+                                       family=self.family, dims=self.dims.astype(np.float64)))
 
 
 def op_kind(name: str, flops: int | None, namespace: str, fp32: bool = False) -> int:
@@ -185,6 +204,91 @@ def op_kind(name: str, flops: int | None, namespace: str, fp32: bool = False) ->
     if name in _NO_KERNEL or namespace in ("prim", "profiler"):
         return NONE
     return OTHER
+
+
+_NORM = frozenset({"native_layer_norm", "native_layer_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+                   "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                   "_native_batch_norm_legit_no_training", "native_group_norm", "native_group_norm_backward",
+                   "_fused_rms_norm", "_fused_rms_norm_backward", "rms_norm", "batch_norm_backward"})
+_SOFTMAX = frozenset({"_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data",
+                      "_safe_softmax"})
+_REDUCTION = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var_mean", "std_mean", "argmax", "argmin", "any",
+                        "all", "cumsum", "topk", "sort", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
+                        "nll_loss2d_backward", "linalg_vector_norm", "histc", "bincount", "prod", "logsumexp",
+                        "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
+                        "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "nonzero"})
+_COPY = frozenset({"_to_copy", "copy_", "clone", "cat", "stack", "index", "index_put", "index_put_", "index_select",
+                   "gather", "scatter", "scatter_add", "scatter_reduce", "embedding", "embedding_dense_backward",
+                   "constant_pad_nd", "repeat", "repeat_interleave", "fill_", "zero_", "zeros", "ones", "full",
+                   "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "arange",
+                   "select_backward", "slice_backward", "expand_copy", "diagonal_backward", "unfold_backward",
+                   "_foreach_copy_", "index_add", "index_add_", "_unsafe_view", "lift_fresh_copy", "tril", "triu",
+                   "_pin_memory", "scalar_tensor"})
+_BMM = frozenset({"bmm", "baddbmm", "_grouped_mm"})
+_CONV = frozenset({"convolution", "convolution_backward", "_convolution", "cudnn_convolution",
+                   "convolution_overrideable", "convolution_backward_overrideable"})
+
+
+def op_family(name: str, kind: int, phase: str) -> int:
+    """How the kernel-time model prices an op (FAMILIES): GEMMs, batched GEMMs and convolutions by their shapes, fused
+    attention by its implementation, the optimizer's kernels and every other memory-bound op by its bytes."""
+    if kind == NONE:
+        return F_NONE
+    if kind == ATTENTION:
+        return F_ATTENTION
+    if kind in (MATMUL, MATMUL_FP8, MATMUL_FP32):
+        return F_CONV if name in _CONV else F_BMM if name in _BMM else F_MATMUL
+    if phase == "optimizer":
+        return F_OPTIMIZER
+    if name in _NORM:
+        return F_NORM
+    if name in _SOFTMAX:
+        return F_SOFTMAX
+    if name in _REDUCTION:
+        return F_REDUCTION
+    if name in _COPY:
+        return F_COPY
+    return F_ELEMENTWISE
+
+
+def _shape(t) -> tuple[int, ...]:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
+
+
+def op_dims(name: str, family: int, args, out) -> tuple[int, int, int, int]:
+    """The (b, m, n, k) a GEMM-like kernel runs: b GEMMs of (m, k) x (k, n). A convolution as its implicit GEMM (m =
+    N x output pixels, n = output channels a group, k = input channels a group x kernel size, b = groups; backward: the
+    forward's), fused attention as its score matrix (b = batch x heads, m = queries, n = keys, k = head size); zeros
+    for the other families (or a shape not understood)."""
+    try:
+        if family == F_MATMUL:
+            a, w = (args[1], args[2]) if name in ("addmm",) else (args[0], args[1])
+            sa, sw = _shape(a), _shape(w)
+            return 1, sa[-2], sw[-1], sa[-1]
+        if family == F_BMM:
+            if name == "baddbmm":
+                args = args[1:]
+            sa, sw, so = _shape(args[0]), _shape(args[1]), _shape(out)
+            if name == "_grouped_mm":
+                groups = so[0] if len(so) == 3 else sw[0]
+                if len(sa) == 2 and len(sw) == 2:  # the weights' gradient: (m, tokens) x (tokens, n) per group
+                    return groups, so[-2], so[-1], max(1, -(-sa[-1] // groups))
+                return groups, max(1, -(-so[-2] // groups)) if len(so) == 2 else so[-2], so[-1], sa[-1]
+            return sa[0], sa[-2], sw[-1], sa[-1]
+        if family == F_CONV:
+            backward = name.startswith("convolution_backward")
+            w = args[2] if backward else args[1]
+            o = args[0] if backward else (out[0] if isinstance(out, tuple) else out)
+            groups = int(args[9] if backward else args[8])
+            so, sw = _shape(o), _shape(w)
+            return groups, so[0] * math.prod(so[2:]), sw[0] // groups, sw[1] * math.prod(sw[2:])
+        if family == F_ATTENTION:
+            q, k = (args[1], args[2]) if "backward" in name else (args[0], args[1])
+            sq, sk = _shape(q), _shape(k)
+            return math.prod(sq[:-2]), sq[-2], sk[-2], sq[-1]
+    except (IndexError, TypeError, ValueError, ZeroDivisionError):
+        pass
+    return 0, 0, 0, 0
 
 
 def _sdpa_forward_flops(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
@@ -301,6 +405,8 @@ class Tracker(TorchDispatchMode):
         self._op_bytes: list[int] = []
         self._op_kind: list[int] = []
         self._op_phase: list[int] = []
+        self._op_family: list[int] = []
+        self._op_dims: list[tuple[int, int, int, int]] = []
         self.marks: dict[str, int] = {}
         self.paused = False  # nothing is recorded while set (compiled.py traces a block's graph under it)
         # storage id -> (weak ref, block): in the optimizer step, an op on one block's parameters, gradients or
@@ -400,8 +506,12 @@ class Tracker(TorchDispatchMode):
         if data or flops:
             self._op_flops.append(flops or 0)
             self._op_bytes.append(moved)
-            self._op_kind.append(op_kind(name, flops, func.namespace, bool(flops) and _fp32_operands(args)))
+            kind = op_kind(name, flops, func.namespace, bool(flops) and _fp32_operands(args))
+            family = op_family(name, kind, self.phase)
+            self._op_kind.append(kind)
             self._op_phase.append(_PHASE[self.phase])
+            self._op_family.append(family)
+            self._op_dims.append(op_dims(name, family, args, out))
         if self._owner and self.phase == "optimizer":
             self.block = self._block_of(tree_leaves((args, kwargs)))
             if self.block is not None:
@@ -432,7 +542,9 @@ class Tracker(TorchDispatchMode):
         """Every op recorded so far, in order, unmerged."""
         return OpRows(flops=np.asarray(self._op_flops, dtype=np.int64),
                       bytes=np.asarray(self._op_bytes, dtype=np.int64),
-                      kind=np.asarray(self._op_kind, dtype=np.int8), phase=np.asarray(self._op_phase, dtype=np.int8))
+                      kind=np.asarray(self._op_kind, dtype=np.int8), phase=np.asarray(self._op_phase, dtype=np.int8),
+                      family=np.asarray(self._op_family, dtype=np.int8),
+                      dims=np.asarray(self._op_dims, dtype=np.int64).reshape(-1, 4))
 
     @property
     def n_ops(self) -> int:

@@ -27,7 +27,14 @@ from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.capture.tracker import CATEGORIES
-from gpuwise.planning.cost.step import COPY_CEILING, GEMM_CEILING, Efficiency, clock_share, efficiency, memory_class
+from gpuwise.planning.cost.efficiency import (
+    COPY_CEILING,
+    GEMM_CEILING,
+    Efficiency,
+    clock_share,
+    efficiency,
+    memory_class,
+)
 from gpuwise.planning.transforms.quantize import FORMATS
 
 if TYPE_CHECKING:

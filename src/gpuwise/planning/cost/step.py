@@ -1,146 +1,62 @@
-"""How long a step takes on a GPU, and on N of them, with the basis of every number.
+"""How long a step takes on a GPU, and on N of them, with the basis of every number: the one step-time model.
 
-``step_time`` costs each op of the captured step on its own roofline (Williams et al. 2009): its FLOPs at an
-efficiency times the peak of the run's precision, or its bytes at an efficiency times the memory bandwidth,
-whichever takes longer, and never less than the CPU cost of launching it from eager PyTorch. Data parallelism
-adds the collectives of DDP, ZeRO or FSDP at the NCCL bus bandwidth of the GPU's link, partly hidden behind
-backward. ``StepTime`` is the one step time: ``plan``'s fit table, ``recommend``'s ranking and ``train``'s expected
-step all read it; it carries the bare roofline of the whole step (cost/roofline.py) as its ``bound_s``.
+Each op of the captured step is priced as its kernel runs (cost/kernels.py): GEMMs and batched GEMMs by their
+output tiles and waves over the SMs at the rate of the precision PyTorch runs them in, convolutions as cuDNN's
+implicit GEMMs, fused attention by its implementation, and every other kernel by the bytes it moves at the
+achievable bandwidth for its size; all fitted on measured per-kernel data (OpenXLA's GEMM tables, NeuSight's
+kernels), never on an end-to-end run. Eager PyTorch also spends CPU time launching each kernel: a phase takes the
+longer of its kernels and its launches. Data, tensor and pipeline parallelism add their collectives and bubble
+(cost/comm.py). ``StepTime`` is the one step time: ``plan``, ``recommend``, ``train``'s expected step and MFU and
+``watch`` all read it; it carries the roofline bound of the whole step (cost/roofline.py) as ``bound_s``, a bound
+and never a prediction, and the error bar its held-out validation measured (cost/validation.py).
 
->>> step_time(per_gpu(workload, setup), load_catalog().get("h100-sxm")).basis   # doctest: +SKIP
-'bf16 989.5 TFLOPS datasheet x0.79 (clock held at 700 W: 1.11 TFLOPS/W, ...) x0.57 (matmul, ...) · ...'
+A GPU the kernel model cannot describe (no SM facts: TPU, Gaudi, Apple, NPUs) is priced op by op on its roofline
+at the coarse shares of cost/efficiency.py, and the basis says so.
+
+>>> t = step_time(per_gpu(workload, setup), load_catalog().get("h100-sxm"))   # doctest: +SKIP
+>>> t.phases_s["forward"] + t.phases_s["backward"] + t.phases_s["optimizer"] <= t.seconds   # doctest: +SKIP
+True
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.capture.tracker import ATTENTION, MATMUL_FP8, MATMUL_FP32, NONE, PHASES
+from gpuwise.planning.capture.tracker import ATTENTION, F_CONV, FAMILIES, MATMUL_FP8, MATMUL_FP32, NONE, PHASES, OpCosts
+from gpuwise.planning.cost import comm, kernels
+from gpuwise.planning.cost.comm import Comm
+from gpuwise.planning.cost.efficiency import (
+    COPY_CEILING,
+    GEMM_CEILING,
+    clock_share,
+    efficiency,
+    memory_class,
+)
 from gpuwise.planning.cost.roofline import Rates, float8_rates, fp32_matmul_rate, roofline_bound
+from gpuwise.planning.cost.validation import ERROR_BAR
 
 if TYPE_CHECKING:
     from gpuwise.planning.parallel.sharding import PerGpu
 
-MemoryClass = Literal["HBM", "GDDR", "unified", "other"]
-MEMORY_CLASSES = ("HBM", "GDDR", "unified", "other")
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    value: float  # achieved / datasheet
-    source: str
-
-
-# THE table: achieved share of the datasheet rate, by op kind x memory class, and where an anchor shows it
-# differs, x architecture: (kind, class, arch) wins over (kind, class). "matmul" is every FLOP-counted GEMM or
-# convolution, "attention" the SDPA / flash kernels, "memory" the bytes of every kernel (elementwise, norms,
-# optimizer foreach, and GEMMs that are memory-bound). The matmul share applies to the rate the board sustains
-# at its power (POWER below), not to the datasheet's boost-clock rate: one share for Ampere and Hopper, the
-# Hopper boards' lower MFU (torchtitan: 58% on A100, 33-39% on H100) being their clock held at 700 / 350 W.
-# Fitting split (benchmarks/speed_validation.py FIT, benchmarks/recommend_order.py FIT): the matmul share on
-# planner-anchors #5, #6, #13; POWER on one board per key of Lambda BERT-large; everything else is held out.
-_FIT = "(planner-anchors §6; benchmarks/speed_validation.py)"
-EFFICIENCY: dict[tuple[str, ...], Efficiency] = {
-    ("matmul", "HBM"): Efficiency(0.57, f"fitted on anchors 5,13 (A100), 6 (H100) {_FIT}"),
-    ("matmul", "GDDR"): Efficiency(0.57, "as HBM (a similar FLOP/byte ratio): no GDDR anchor in the fit set"),
-    ("matmul", "unified"): Efficiency(0.57, "as HBM: no anchor"),
-    ("matmul", "other"): Efficiency(0.57, "as HBM: no anchor"),
-    ("attention", "HBM"): Efficiency(0.50, "FlashAttention-2, arXiv:2307.08691: forward 50-73% of A100 peak, "
-                                            "backward lower; the low end"),
-    ("attention", "GDDR"): Efficiency(0.50, "as HBM (FlashAttention-2)"),
-    ("attention", "unified"): Efficiency(0.30, "assumed: no flash kernel on MPS, SDPA math path"),
-    ("attention", "other"): Efficiency(0.40, "assumed"),
-    ("memory", "HBM"): Efficiency(0.80, "assumed: large elementwise kernels, no anchor isolates it"),
-    ("memory", "GDDR"): Efficiency(0.85, "assumed: GDDR reaches a larger share than HBM (decode fits, serving.py)"),
-    ("memory", "unified"): Efficiency(0.70, "assumed"),
-    ("memory", "other"): Efficiency(0.60, "assumed"),
-}
-
-
-# Power: a board holds the boost clock its datasheet tensor rate assumes only while the SMs' power fits its TDP.
-# Lambda's 1-GPU fp16 BERT-large runs (compute-bound) reach 55% of the datasheet on a 350 W RTX 3090 (71 TFLOPS)
-# and 16% on a 300 W RTX 6000 Ada (364 TFLOPS): the usable share follows watts per datasheet TFLOP. Model: at
-# full tensor load the SMs draw ``peak / E`` watts at the boost clock, E a TFLOPS-per-watt of the silicon (its
-# die and process, and how much of the board's power its memory takes: GDDR6X/GDDR6 I/O costs several times
-# HBM's energy per bit), and power falls with the clock as P ~ f^POWER_EXPONENT, so the clock held is
-# min(1, (E x TDP / peak)^(1 / POWER_EXPONENT)) of the boost clock. Keyed (memory class, architecture): one die
-# family each in the catalog (HBM Ampere = GA100, GDDR Ampere = GA102, GDDR Ada = AD10x, HBM Hopper = GH100).
-# Fitted on one power-capped board per key, Lambda BERT-large (benchmarks/recommend_order.py, FIT); every other
-# board of the key is held out. No entry: the datasheet clock (no cap).
-# POWER_EXPONENT 1 (the clock falls in proportion to the power cut): chosen on the fit points (minimax over a 0.01
-# grid of E, with the matmul share refitted): exponent 1 fits them within 10%; exponent 2 (P ~ f V^2 with V ~ f^0.5)
-# drove the matmul share to the grid's top (0.94) and missed anchors 5, 6 by 21-24%. Blackwell and older
-# architectures have no Lambda board in the fit set: no cap (their datasheet clock).
-POWER_EXPONENT = 1.0
-_LB = "Lambda BERT-large fp16 (benchmarks/recommend_order.py FIT)"
-POWER: dict[tuple[str, str], Efficiency] = {
-    ("HBM", "Ampere"): Efficiency(0.84, f"fitted on a100-40gb-pcie 250 W, {_LB}"),
-    ("GDDR", "Ampere"): Efficiency(0.50, f"fitted on a10 150 W, {_LB}"),
-    ("GDDR", "Ada"): Efficiency(0.46, f"fitted on rtx-6000-ada 300 W, {_LB}"),
-    ("HBM", "Hopper"): Efficiency(1.11, f"fitted on h100-pcie 350 W, {_LB}"),
-}
-
-
-def clock_share(acc: Accelerator) -> tuple[float, Efficiency | None]:
-    """The share of its datasheet tensor rate ``acc`` holds under sustained load at its board power, and the
-    POWER entry it came from (None: no entry, or no TDP or 16-bit rate in the catalog: 1)."""
-    arch = (acc.arch or "").split(" ")[0]
-    entry = POWER.get((memory_class(acc), arch))
-    peak = acc.peak_tflops.get("bf16") or acc.peak_tflops.get("fp16")
-    if entry is None or not acc.tdp_w or not peak:
-        return 1.0, entry
-    return min(1.0, (entry.value * acc.tdp_w / peak) ** (1 / POWER_EXPONENT)), entry
-
-
-def efficiency(kind: str, acc: Accelerator) -> Efficiency:
-    """The table's entry for ``kind`` on ``acc``: its architecture's if the table has one, else its memory class's."""
-    cls = memory_class(acc)
-    arch = (acc.arch or "").split(" ")[0]
-    return EFFICIENCY.get((kind, cls, arch)) or EFFICIENCY[(kind, cls)]
-
-
-# With a stored calibration the peak and bandwidth are what ``gpuwise bench --calibrate`` measured (its best large
-# GEMM, its device copy), so the share applied is achieved / measured = the table's value / the share those
-# benchmarks reach of the datasheet on the GPUs the table was fitted on (assumed: cuBLAS bf16 GEMMs ~0.8 of the
-# A100/H100 datasheet, copies ~0.9), capped at 1. The datasheet share is never applied twice.
-GEMM_CEILING = 0.80
-COPY_CEILING = 0.90
-
-# Eager PyTorch spends ~5-25 us of CPU per op before its kernel runs (dispatcher, autograd, cudaLaunchKernel;
-# jiahuanglin.xyz/all_lessons/gpu_kernel_serving/18_pytorch_to_kernel.html); the low end, as backward runs
-# in C++. An op takes at least this long: a tiny model is launch-bound.
-LAUNCH_S = 5e-6
-
-# NCCL bus bandwidth when the catalog has no measured figure. NVLink/NVSwitch: line rate per direction (half the
-# bidirectional figure vendors quote) less ~20% protocol overhead: 8x H100 450 GB/s line -> ~370 GB/s ring busbw
-# (sjeaugey, NVIDIA/nccl-tests#212).
-NVLINK_EFFICIENCY = Efficiency(0.82, "nccl-tests#212: 370 of 450 GB/s")
-# PCIe without a peer link: traffic goes through the host; 8x / 4x RTX 5090 on PCIe 5.0 x16 (64 GB/s per
-# direction) reach 28 / 35 GB/s busbw (NVIDIA/nccl#1639).
-PCIE_EFFICIENCY = Efficiency(0.50, "nccl#1639: 28-35 of 64 GB/s")
-_PCIE_GBPS_PER_LANE = {"3.0": 0.985, "4.0": 1.969, "5.0": 3.938, "6.0": 7.563}  # per direction (PCI-SIG)
-# Beyond one node: 400 Gb/s InfiniBand per GPU (DGX H100: 8x ConnectX-7 400 Gb/s, NVIDIA DGX H100 user guide)
-# = 50 GB/s, at the NVLink protocol share (assumed). Other boxes: one 100 Gb/s Ethernet port a node (assumed),
-# which a ring crosses once per node.
-NETWORK_GBPS_PER_GPU = 50.0
-NETWORK_GBPS_OTHER = 12.5
-NETWORK_EFFICIENCY = 0.82
-# Share of the backward (FSDP: forward + backward) compute that collectives can hide behind (assumed; torchtitan
-# anchors #3/#4 lose 3% going from 8 to 128 H100s, so most of it is hidden).
-OVERLAP = 0.8
-DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default: the last bucket's all-reduce is never hidden
+# Eager PyTorch spends CPU time on every kernel it launches (Python, the dispatcher, autograd, cudaLaunchKernel:
+# ~5-25 us an op, jiahuanglin.xyz/all_lessons/gpu_kernel_serving/18_pytorch_to_kernel.html). Forward runs each op
+# from Python through nn.Module calls (the middle of that range, assumed); backward and the optimizer's foreach
+# kernels are launched from C++ (the low end). The GPU queue lets the CPU run ahead, so a phase takes the longer of
+# its kernels' time and its launches' (a small model is launch-bound, a large one never waits on them).
+LAUNCH_S = np.array([8e-6, 5e-6, 5e-6])  # by PHASES: forward, backward, optimizer
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepTime:
-    """One optimizer step on one GPU of the run, itemised: ``seconds`` = (compute + memory + launch + exposed comm)
-    / (1 - pipeline bubble) + all-to-all, and the roofline bound no run of the step beats.
+    """One optimizer step on one GPU of the run, itemised: ``seconds`` = forward + backward + optimizer + exposed
+    communication + pipeline bubble + all-to-all (``phases_s``), the kernels' time by op family (``families_s``,
+    with "launch" for the time a phase waits on the CPU), the roofline bound no run of the step beats, and the
+    model's error bar (relative, from its held-out validation).
 
     >>> t = step_time(per_gpu(workload, setup), load_catalog().get("h100-sxm"))   # doctest: +SKIP
     >>> t.seconds >= t.bound_s                                                     # doctest: +SKIP
@@ -148,11 +64,10 @@ class StepTime:
     """
 
     seconds: float
-    compute_s: float  # ops bound by their FLOPs
-    memory_s: float  # ops bound by their bytes
-    launch_s: float  # ops bound by the launch floor
-    comm_s: float  # collectives, if none were hidden
-    exposed_comm_s: float  # what backward did not hide
+    phases_s: dict[str, float] = field(default_factory=dict)  # forward, backward, optimizer, communication, bubble
+    families_s: dict[str, float] = field(default_factory=dict)  # kernel time by FAMILIES, plus "launch"
+    comm_s: float = 0.0  # the step's collectives, if none were hidden
+    exposed_comm_s: float = 0.0  # what the rest of the step did not hide (phases_s["communication"])
     mfu: float  # the step's FLOPs / (seconds x datasheet peak)
     basis: str  # every rate and efficiency used, and where it came from
     # the roofline bound (cost/roofline.py): max(FLOPs / peak, bytes / bandwidth) of the whole step, plus the
@@ -160,244 +75,228 @@ class StepTime:
     bound_s: float | None = None
     rates: Rates = "datasheet"  # the bound's (and the model's) peaks: the catalog's, or measured by bench --calibrate
     all_to_all_s: float = 0.0  # --ep: the MoE layers' all-to-alls (parallel.expert.AllToAll), never hidden
+    error: float = ERROR_BAR  # the model's held-out median |predicted / measured - 1| (cost/validation.py)
+    model: str = "kernels"  # "kernels" (cost/kernels.py) or "roofline" (cost/efficiency.py's shares)
+
+    @property
+    def bubble_s(self) -> float:
+        return self.phases_s.get("bubble", 0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Link:
-    busbw_gbps: float
-    source: str
+def _rate_codes(c: OpCosts, step: PerGpu, acc: Accelerator) -> np.ndarray:
+    """The precision each GEMM-like row runs in, as PyTorch runs it (an index into kernels.RATE_KEYS): autocast's
+    GEMMs in its 16-bit dtype (fp16's rate where the GPU has no bf16: the row is flagged as emulated besides);
+    ``_scaled_mm`` in fp8; GEMMs on fp32 operands in fp32 on the SIMT units, as ``torch.backends.cuda.matmul
+    .allow_tf32`` is False by default, or TF32 where the precision turns it on; convolutions on fp32 operands in TF32
+    where the GPU has it, as ``torch.backends.cudnn.allow_tf32`` is True by default."""
+    keys = kernels.RATE_KEYS
+    spec = step.setup.spec
+    half = spec.compute if spec.compute in ("bf16", "fp16") else None
+    if half == "bf16" and not acc.bf16:  # no bf16 tensor cores (the row is flagged emulated besides): fp16's rate
+        half = "fp16"
+    wide = "tf32" if spec.tf32 else "fp32"
+    conv = "tf32" if acc.peak_tflops.get("tf32") else "fp32"
+    code = np.full(len(c), keys.index(half or wide), dtype=np.int8)
+    fp32_rows = (c.kind == MATMUL_FP32) | ((c.kind == ATTENTION) & (half is None))
+    code[fp32_rows] = keys.index(wide)
+    code[(c.kind == MATMUL_FP32) & (c.family == F_CONV)] = keys.index(conv)
+    code[c.kind == MATMUL_FP8] = keys.index("fp8")
+    return code
 
 
-def memory_class(acc: Accelerator) -> MemoryClass:
-    """HBM, GDDR, unified (Apple, Jetson) or other, from the catalog's memory type."""
-    kind = (acc.memory_type or "").lower()
-    if "hbm" in kind:
-        return "HBM"
-    if "gddr" in kind:
-        return "GDDR"
-    if "unified" in kind or "lpddr" in kind:
-        return "unified"
-    return "other"
+def _adjusted(step: PerGpu) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' FLOPs and bytes as this GPU runs them: an offloaded optimizer steps on the host (not timed); a
+    sharded one steps its shard, in fp32 under mixed precision."""
+    c, s = step.workload.costs, step.setup
+    flops, nbytes = c.flops, c.bytes
+    opt = c.phase == PHASES.index("optimizer")
+    if s.training and s.offload != "none":
+        flops, nbytes = np.where(opt, 0, flops), np.where(opt, 0, nbytes)
+    elif s.training and s.shard_gpus > 1 and s.sharding != "ddp":
+        widen = 4 / s.compute_dtype.itemsize if s.mixed else 1.0
+        n = s.shard_gpus
+        flops, nbytes = np.where(opt, flops * widen / n, flops), np.where(opt, nbytes * widen / n, nbytes)
+    return flops, nbytes
 
 
-def node_gpus(acc: Accelerator) -> int:
-    """GPUs in one box: the catalog's figure, else 8 (an HGX board, or a PCIe server), 1 for a SoC."""
-    n = getattr(acc, "node_gpus", None)
-    if n:
-        return int(n)
-    return 1 if (acc.interconnect or "none").startswith("none") else 8
+def _calibrated(gpu: np.ndarray, c: OpCosts, codes: np.ndarray, chip: kernels.Chip,
+                calibration: Calibration | None) -> tuple[np.ndarray, list[str]]:
+    """Rows rescaled to what ``gpuwise bench --calibrate`` measured on this device: each GEMM rate by its measured
+    best over the model's best (an 8192^3 GEMM), the memory-bound rows by the measured copy over the model's."""
+    if calibration is None:
+        return gpu, []
+    notes = []
+    big = np.array([8192.0])
+    gemm = np.isin(c.family, [FAMILIES.index(f) for f in ("matmul", "bmm", "conv", "attention")])
+    for key, measured in calibration.tflops.items():
+        if key not in kernels.RATE_KEYS or not measured:
+            continue
+        code = kernels.RATE_KEYS.index(key)
+        t = kernels.kernel_seconds(np.array([FAMILIES.index("matmul")], np.int8), np.array([code], np.int8),
+                                   np.ones(1), big, big, big, 2 * big**3, 6 * big**2, chip)[0]
+        model = 2 * 8192.0**3 / t / 1e12
+        gpu = np.where(gemm & (codes == code), gpu * model / measured, gpu)
+        notes.append(f"{key} GEMMs x{model / measured:.2f} (bench --calibrate {measured:g} TFLOPS)")
+    if calibration.gbps:
+        nbytes = np.array([2.0**31])
+        t = kernels.kernel_seconds(np.array([FAMILIES.index("copy")], np.int8), np.zeros(1, np.int8), *np.zeros((4, 1)),
+                                   np.zeros(1), nbytes, chip)[0]
+        model = nbytes[0] / t / 1e9
+        gpu = np.where(gemm, gpu, gpu * model / calibration.gbps)
+        notes.append(f"memory-bound kernels x{model / calibration.gbps:.2f} (bench --calibrate "
+                     f"{calibration.gbps:g} GB/s)")
+    return gpu, notes
 
 
-def _pcie_gbps(link: str | None) -> float | None:
-    m = re.search(r"PCIe (\d\.\d)(?: x(\d+))?", link or "")
-    if m is None or m.group(1) not in _PCIE_GBPS_PER_LANE:
-        return None
-    return _PCIE_GBPS_PER_LANE[m.group(1)] * int(m.group(2) or 16)
-
-
-def allreduce_link(acc: Accelerator, gpus: int, *, measured_ok: bool = True) -> Link | None:
-    """The all-reduce bus bandwidth of ``gpus`` of ``acc``: measured when the catalog has it (and ``measured_ok``),
-    else derived from the link; across nodes the network's share per GPU caps it. None: the GPU has no link to
-    another."""
-    measured = getattr(acc, "allreduce_busbw_gbps", None) if measured_ok else None
-    bridge = "2-way" in (acc.interconnect or "")
-    if measured:
-        intra = Link(busbw_gbps=float(measured),
-                     source=f"all-reduce {measured:g} GB/s busbw "
-                            f"({getattr(acc, 'allreduce_source', None) or 'catalog'})")
-    elif acc.peer_link and acc.interconnect_gbps and not (bridge and gpus > 2):
-        bw = acc.interconnect_gbps / 2 * NVLINK_EFFICIENCY.value
-        intra = Link(busbw_gbps=bw, source=f"all-reduce {bw:.0f} GB/s busbw ({acc.interconnect} "
-                                           f"{acc.interconnect_gbps:g}/2 x{NVLINK_EFFICIENCY.value}, "
-                                           f"{NVLINK_EFFICIENCY.source})")
-    else:
-        pcie = _pcie_gbps(acc.interconnect) or _pcie_gbps(acc.host_link)
-        if pcie is None:
-            return None
-        bw = pcie * PCIE_EFFICIENCY.value
-        intra = Link(busbw_gbps=bw, source=f"all-reduce {bw:.0f} GB/s busbw (PCIe {pcie:.0f} GB/s/dir "
-                                           f"x{PCIE_EFFICIENCY.value}, {PCIE_EFFICIENCY.source})")
-    if gpus <= node_gpus(acc):
-        return intra
-    dc = acc.segment == "datacenter"
-    net = (NETWORK_GBPS_PER_GPU if dc else NETWORK_GBPS_OTHER) * NETWORK_EFFICIENCY
-    if net >= intra.busbw_gbps:
-        return intra
-    what = "400 Gb/s IB per GPU, DGX H100 guide" if dc else "100 Gb/s Ethernet a node, assumed"
-    return Link(busbw_gbps=net, source=f"all-reduce {net:.0f} GB/s busbw across nodes ({what}, x{NETWORK_EFFICIENCY})")
-
-
-def comm_bytes(step: PerGpu) -> tuple[float, float]:
-    """Bytes each GPU sends per optimizer step, at the bus bandwidth's accounting (NVIDIA/nccl-tests
-    PERFORMANCE.md: all-reduce 2(n-1)/n x S, reduce-scatter and all-gather (n-1)/n x S each), and the bytes
-    that can never hide (the last DDP bucket, or one FSDP block's gather).
-
-    DDP all-reduces the gradients (in the weights' dtype) once per step (no_sync on the other micro-batches);
-    ZeRO-1/2 reduce-scatter 16-bit gradients and all-gather the updated 16-bit parameters; FSDP all-gathers
-    the 16-bit parameters in forward and again in backward on every micro-batch and reduce-scatters the
-    gradients (fp32 under mixed precision, training/parallelize.py) once per step: 1.5x DDP in one dtype.
-
-    Under --ep the routed experts' ``Pe`` parameters (the GPU's, ``expert_params``) are held by only n / ep of the
-    n = dp x cp data-parallel ranks (torchtitan's ``dp_shard_mod_ep`` mesh, as sharding.py shards them), so their
-    collectives run over that group: share (n - 1) / n for the other ``Pn`` parameters, (n/ep - 1) / (n/ep) for
-    ``Pe`` (none when ep = n: every rank holds its own experts):
-
-        DDP       2 [share Pn + share_e Pe] x weight bytes
-        ZeRO-1/2  2 [share Pn + share_e Pe] x 16-bit bytes
-        FSDP      share (2 accum Pn_all x 16-bit + Pn x grad bytes) + share_e (2 accum Pe x 16-bit + Pe x grad bytes)
-
-    (Pn of the trainable parameters; Pn_all of all of them)."""
-    s = step.setup
-    n = s.dp * s.cp  # the gradient-reducing group; tensor, pipeline and ring traffic is not timed (planning/parallel/)
-    if n == 1 or not s.training:
-        return 0.0, 0.0
-    w = step.workload
-    share = (n - 1) / n
-    pe = w.expert_params if s.ep > 1 and w.expert_params <= w.trainable_params else 0
-    group = n // s.ep if pe else n  # the ranks that hold the same experts
-    share_e = (group - 1) / group
-    half = s.compute_dtype.itemsize
-
-    def split(params: int) -> float:  # params' worth of one collective's bytes share, the experts over their group
-        return share * (params - pe) + share_e * pe
-
-    if s.sharding == "ddp":
-        grads = w.trainable_params * s.weight_dtype.itemsize
-        return 2 * split(w.trainable_params) * s.weight_dtype.itemsize, 2 * share * min(grads, DDP_BUCKET_BYTES)
-    if s.sharding in ("zero1", "zero2"):
-        total = split(w.trainable_params) * half * 2
-        return total, 2 * share * min(w.trainable_params * half, DDP_BUCKET_BYTES)
-    grad_bytes = 4 if s.mixed else half
-    total = split(w.trainable_params) * grad_bytes + 2 * s.grad_accum * split(w.params) * half
-    return total, share * (w.block_bytes + w.block_trainable_params * grad_bytes)
-
-
-def all_to_all_time(a2a, acc: Accelerator) -> tuple[float, Link] | None:
-    """Seconds the --ep all-to-alls (parallel.expert.AllToAll) take a step on ``acc``: the bytes the busiest GPU moves
-    each way (``AllToAll.busiest``, the (ep - 1) / ep that leave the GPU) over the bus bandwidth of the ``ep``
-    GPUs' link (the node's; the network's share where ep is more GPUs than a node has). NCCL's all-to-all bus
-    bandwidth is taken as the link's per direction x efficiency (``allreduce_link``'s derived figure, not a
-    measured all-reduce's: NVLink SHARP speeds up all-reduce, not all-to-all). Not hidden: the experts wait on the
-    dispatch and the next layer on the combine. None: the GPU has no link figure."""
-    link = allreduce_link(acc, a2a.ep, measured_ok=False)
-    if link is None:
-        return None
-    link = Link(busbw_gbps=link.busbw_gbps, source=link.source.replace("all-reduce", "all-to-all", 1))
-    return a2a.busiest / (link.busbw_gbps * 1e9), link
-
-
-def _peak(step: PerGpu, acc: Accelerator, calibration: Calibration | None, int8: bool = False):
-    key = "int8" if int8 else step.setup.spec.rate_key
+def _roofline_rows(step: PerGpu, acc: Accelerator, flops: np.ndarray, nbytes: np.ndarray,
+                   calibration: Calibration | None, int8: bool) -> tuple[np.ndarray, str] | None:
+    """Each row's time on the roofline at the coarse shares of cost/efficiency.py: for a GPU the kernel model
+    cannot describe, and int8 inference. None: no rate for the run's precision, or no bandwidth."""
+    c, s = step.workload.costs, step.setup
+    key = "int8" if int8 else s.spec.rate_key
     datasheet = acc.peak_tflops.get(key)
     measured = calibration.tflops.get(key) if calibration is not None else None
     gbps_measured = calibration.gbps if calibration is not None else None
-    return key, datasheet, measured, gbps_measured
-
-
-def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None,
-              int8: bool = False, all_to_all=None) -> StepTime | None:
-    """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, op by op, plus the exposed
-    collectives. None: the GPU has no rate for the run's precision (bf16 before Ampere) or no bandwidth.
-
-    ``int8``: an inference step quantised to int8 end to end (edge NPUs, TensorRT INT8): the int8 rate (TOPS),
-    and each op's bytes scaled from the captured 16-bit elements to one byte. ``all_to_all``: the --ep
-    all-to-alls of the step (expert.AllToAll), added where ``acc`` has a link figure (the experts wait on them)."""
-    if int8 and step.setup.training:
-        raise ValueError("int8 costs inference steps only")
-    key, datasheet, measured, gbps_measured = _peak(step, acc, calibration, int8)
-    share, power = (1.0, None) if measured else clock_share(acc)  # a measured GEMM already ran at the board's clock
+    share, power = (1.0, None) if measured else clock_share(acc)
     tflops = measured or (datasheet * share if datasheet else None)
     gbps = gbps_measured or acc.memory_bandwidth_gbps
-    # a chip whose memory is its on-chip SRAM (Coral) publishes no bandwidth: a step that fits never waits on it
-    on_chip = not gbps and "sram" in (acc.memory_type or "").lower()
+    on_chip = not gbps and "sram" in (acc.memory_type or "").lower()  # Coral: memory on chip, never waited on
     if not tflops or not (gbps or on_chip):
         return None
-    cls = memory_class(acc)
     eta_mm, eta_at, eta_mem = (efficiency(k, acc) for k in ("matmul", "attention", "memory"))
     mm, at, mem = eta_mm.value, eta_at.value, eta_mem.value
     if measured:
         mm, at = min(1.0, mm / GEMM_CEILING), min(1.0, at / GEMM_CEILING)
     if gbps_measured:
         mem = min(1.0, mem / COPY_CEILING)
-    c = step.workload.costs
-    s = step.setup
-    flops, nbytes = c.flops, c.bytes
     if int8:
         nbytes = nbytes / s.compute_dtype.itemsize
-    opt = c.phase == PHASES.index("optimizer")
-    if s.training and s.offload != "none":  # the step runs on the host (its time there is not modelled)
-        flops, nbytes = np.where(opt, 0, flops), np.where(opt, 0, nbytes)
-    elif s.training and s.shard_gpus > 1 and s.sharding != "ddp":  # each GPU steps its shard, fp32 under mixed
-        widen = 4 / s.compute_dtype.itemsize if s.mixed else 1.0
-        n = s.shard_gpus
-        flops, nbytes = np.where(opt, flops * widen / n, flops), np.where(opt, nbytes * widen / n, nbytes)
-    eta = np.where(c.kind == ATTENTION, at, mm)
     rate = tflops
     if s.spec.float8:
         fp8, hp = float8_rates(step, acc, tflops, calibration if measured else None, share)
         if hp is None:
             return None
         rate = np.where(c.kind == MATMUL_FP8, fp8, hp)
-    fp32_part = None
     wide = c.kind == MATMUL_FP32
-    wide_flops = float(flops[wide] @ c.count[wide])
-    if not int8 and s.compute_dtype.itemsize < 4 and wide_flops:
-        fp32, what = fp32_matmul_rate(step, acc, calibration if measured else None, share)
+    if not int8 and s.compute_dtype.itemsize < 4 and wide.any():
+        fp32 = fp32_matmul_rate(step, acc, calibration if measured else None, share)[0]
         if fp32 is not None:
             rate = np.where(wide, fp32, rate)
-        fp32_part = (f"{wide_flops:.3g} FLOPs of matmuls on fp32 operands (autocast leaves "
-                     f"them: a MoE's grouped experts, rotary tables) at {what}")
-    t_compute = flops / (eta * rate * 1e12)
-    t_memory = np.zeros_like(nbytes) if on_chip else nbytes / (mem * gbps * 1e9)
-    t_launch = np.where(c.kind == NONE, 0.0, LAUNCH_S)
-    times = np.stack([t_compute, t_memory, t_launch])
-    bound = times.argmax(axis=0)
-    per_op = times.max(axis=0) * c.count
-    compute_s, memory_s, launch_s = (float(per_op[bound == i].sum()) for i in range(3))
-    comm_s = exposed = 0.0
-    link = None
-    volume, tail = comm_bytes(step)
-    if volume:
-        link = allreduce_link(acc, s.gpus)
-        if link is None:
-            return None
-        comm_s = volume / (link.busbw_gbps * 1e9)
-        phases = (1,) if s.sharding != "fsdp" else (0, 1)
-        window = float((times.max(axis=0) * c.count)[np.isin(c.phase, phases)].sum())
-        exposed = max(comm_s - OVERLAP * window, tail / (link.busbw_gbps * 1e9))
-    seconds = compute_s + memory_s + launch_s + exposed
-    bubble = s.pipeline_bubble  # 1F1B: each stage idles (pp - 1) of the (m + pp - 1) slots of a step
-    seconds /= 1 - bubble
-    a2a_s, a2a = 0.0, None if all_to_all is None else all_to_all_time(all_to_all, acc)
-    if a2a is not None:
-        a2a_s = a2a[0]
-        seconds += a2a_s
-    bound = roofline_bound(step, acc, calibration, int8=int8)
-    peak = datasheet or tflops
+    eta = np.where(c.kind == ATTENTION, at, mm)
+    t = np.maximum(flops / (eta * rate * 1e12), 0 if on_chip else nbytes / (mem * (gbps or 1) * 1e9))
     if measured:
-        rate = f"{key} {tflops:g} TFLOPS measured (gpuwise bench --calibrate)"
+        what = f"{key} {tflops:g} TFLOPS measured (gpuwise bench --calibrate)"
     elif share < 1:
-        rate = (f"{key} {datasheet:g} TFLOPS datasheet x{share:.2f} (clock held at {acc.tdp_w:g} W: "
+        what = (f"{key} {datasheet:g} TFLOPS datasheet x{share:.2f} (clock held at {acc.tdp_w:g} W: "
                 f"{power.value:g} TFLOPS/W, {power.source})")
     else:
-        rate = f"{key} {datasheet:g} TFLOPS datasheet"
-    parts = [f"{rate} x{mm:.2f} (matmul, {eta_mm.source}) x{at:.2f} (attention, {eta_at.source})",
-             "on-chip SRAM: no bandwidth figure, never waited on" if on_chip else
-             f"{cls} {gbps:g} GB/s {'measured' if gbps_measured else 'datasheet'} x{mem:.2f} ({eta_mem.source})",
-             f"launch {LAUNCH_S * 1e6:g} us/op (eager PyTorch)"]
-    if fp32_part is not None:
-        parts.append(fp32_part)
-    if link is not None:
-        parts.append(f"{s.sharding} over {s.gpus}: {link.source}, {OVERLAP:.0%} of "
-                     f"{'forward+backward' if s.sharding == 'fsdp' else 'backward'} hides it (assumed)")
-    if bubble:
-        parts.append(f"pipeline bubble {bubble:.0%} ((pp - 1) / (micro-batches + pp - 1), 1F1B)")
-    if a2a is not None:
-        parts.append(f"--ep all-to-alls: {a2a[1].source}, not hidden")
+        what = f"{key} {datasheet:g} TFLOPS datasheet"
+    mem_part = ("on-chip SRAM: no bandwidth figure, never waited on" if on_chip else
+                f"{memory_class(acc)} {gbps:g} GB/s {'measured' if gbps_measured else 'datasheet'} x{mem:.2f} "
+                f"({eta_mem.source})")
+    return t, (f"roofline op by op (no SM facts for the kernel model): {what} x{mm:.2f} (matmul, {eta_mm.source}) "
+               f"x{at:.2f} (attention, {eta_at.source}) · {mem_part}")
+
+
+def _communication(step: PerGpu, acc: Accelerator, phases: dict[str, float], all_to_all
+                   ) -> tuple[Comm, float] | None:
+    """The step's collectives and pipeline schedule (cost/comm.py): data parallel overlapped with backward as DDP's
+    buckets and FSDP's prefetch run, tensor parallel per block, the --ep all-to-alls, the pipeline's bubble and
+    sends; and the all-to-alls' seconds. None: the run's GPUs have no link between them."""
+    s = step.setup
+    total = comm.data_parallel(step, acc, forward_s=phases["forward"], backward_s=phases["backward"])
+    if total is None:
+        return None
+    if s.tp > 1:
+        shape = comm.transformer_shape(step)
+        tp = (comm.Comm(total_s=0.0, exposed_s=0.0, basis=f"tensor parallel {s.tp}: collectives not timed (the "
+                        "capture does not give the blocks and width)") if shape is None
+              else comm.tensor_parallel_step(step, acc, blocks=shape[0], hidden=shape[1]))
+        if tp is None:
+            return None
+        total = total + tp
+    if s.pp > 1:
+        shape = comm.transformer_shape(step)
+        m = s.grad_accum
+        stage = (phases["forward"] + phases["backward"]) / m  # one micro-batch on this stage; the stages taken equal
+        boundary = 0.0 if shape is None else comm.boundary_bytes(s, seq=step.workload.tokens_per_step // max(
+            1, m * s.micro_batch) * s.cp, hidden=shape[1])
+        pp = comm.pipeline(s, acc, stage_s=[stage] * s.pp, boundary=boundary)
+        if pp is None:
+            return None
+        total = total + pp
+    a2a_s = 0.0
+    if all_to_all is not None:
+        ep = comm.expert_parallel(all_to_all, acc, micro_batches=s.grad_accum, tp=s.tp)
+        if ep is not None:
+            total, a2a_s = total + ep, ep.exposed_s
+    return total, a2a_s
+
+
+def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None = None,
+              int8: bool = False, all_to_all=None) -> StepTime | None:
+    """One optimizer step of ``step`` on one of ``step.setup.gpus`` ``acc``, kernel by kernel, plus the exposed
+    collectives and the pipeline bubble. None: the GPU has no rate for the run's precision (bf16 before Ampere) or
+    no bandwidth, or its GPUs no link between them.
+
+    ``int8``: an inference step quantised to int8 end to end (edge NPUs, TensorRT INT8): the int8 rate (TOPS),
+    and each op's bytes scaled from the captured 16-bit elements to one byte. ``all_to_all``: the --ep
+    all-to-alls of the step (expert.AllToAll), added where ``acc`` has a link figure (the experts wait on them)."""
+    if int8 and step.setup.training:
+        raise ValueError("int8 costs inference steps only")
+    s, c = step.setup, step.workload.costs
+    key = "int8" if int8 else s.spec.rate_key
+    if not (acc.peak_tflops.get(key) or (calibration is not None and calibration.tflops.get(key))):
+        return None
+    if s.spec.float8 and not acc.peak_tflops.get(s.spec.compute):
+        return None
+    flops, nbytes = _adjusted(step)
+    chip = None if int8 else kernels.Chip.of(acc)
+    parts = []
+    if chip is not None:
+        codes = _rate_codes(c, step, acc)
+        b, m, n, k = c.dims.T
+        gpu = kernels.kernel_seconds(c.family, codes, b, m, n, k, flops, nbytes, chip)
+        if s.attention in kernels.ATTENTION_SHARE:  # the fused kernel's implementation (FlashAttention-2, flex, ...)
+            gpu = np.where(c.kind == ATTENTION, gpu * kernels.ATTENTION_SHARE[s.attention], gpu)
+        gpu, notes = _calibrated(gpu, c, codes, chip, calibration)
+        parts.append(kernels.basis(chip))
+        parts += notes
+    else:
+        got = _roofline_rows(step, acc, flops, nbytes, calibration, int8)
+        if got is None:
+            return None
+        gpu, what = got
+        parts.append(what)
+    gpu = np.where(c.kind == NONE, 0.0, gpu) * c.count
+    cpu = np.where(c.kind == NONE, 0.0, LAUNCH_S[c.phase]) * c.count
+    phases: dict[str, float] = {}
+    launch_wait = 0.0
+    for i, name in enumerate(PHASES):
+        g, cp = float(gpu[c.phase == i].sum()), float(cpu[c.phase == i].sum())
+        phases[name] = max(g, cp)
+        launch_wait += max(0.0, cp - g)
+    families = {f: float(gpu[c.family == i].sum()) for i, f in enumerate(FAMILIES) if (c.family == i).any()}
+    families = {f: v for f, v in families.items() if v > 0}
+    if launch_wait:
+        families["launch"] = launch_wait
+    parts.append(f"eager launches {LAUNCH_S[0] * 1e6:g} us a forward kernel, {LAUNCH_S[1] * 1e6:g} us a backward or "
+                 "optimizer one (a phase takes the longer of its kernels and its launches)")
+    got = _communication(step, acc, phases, all_to_all)
+    if got is None:
+        return None
+    comm, a2a_s = got
+    phases["communication"], phases["bubble"] = comm.exposed_s, comm.bubble_s
+    if comm.basis:
+        parts.append(comm.basis)
     if s.offload != "none":
         parts.append("optimizer step on the host: not timed")
-    return StepTime(seconds=seconds, compute_s=compute_s, memory_s=memory_s, launch_s=launch_s, comm_s=comm_s,
-                    exposed_comm_s=exposed, mfu=c.total_flops / (seconds * peak * 1e12),
-                    basis=" · ".join(parts), bound_s=None if bound is None else bound.seconds + a2a_s,
-                    rates=bound.rates if bound is not None else "measured" if measured else "datasheet",
-                    all_to_all_s=a2a_s)
+    seconds = sum(phases.values())
+    bound = roofline_bound(step, acc, calibration, int8=int8)
+    peak = acc.peak_tflops.get(key) or calibration.tflops[key]
+    return StepTime(seconds=seconds, phases_s=phases, families_s=families, comm_s=comm.total_s,
+                    exposed_comm_s=comm.exposed_s,
+                    mfu=c.total_flops / (seconds * peak * 1e12), basis=" · ".join(parts),
+                    bound_s=None if bound is None else bound.seconds + a2a_s,
+                    rates="measured" if calibration is not None and calibration.tflops.get(key) else "datasheet",
+                    all_to_all_s=a2a_s, model="kernels" if chip is not None else "roofline")
