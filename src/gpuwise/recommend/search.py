@@ -263,7 +263,7 @@ def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t: StepTime, goal
     throughput = per_step / t.seconds
     hours = None if goal.amount is None else goal.amount / throughput / 3600
     return TrainingOption(
-        gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(run, base),
+        gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(run if base.attention else replace(run, attention=None), base),
         step_time_s=t.seconds, throughput=throughput, mfu=t.mfu, time_to_goal_s=None if hours is None else hours * 3600,
         basis=t.basis, phases_s=t.phases_s, families_s=t.families_s, step_time_error=t.error,
         **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
