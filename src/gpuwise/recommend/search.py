@@ -262,8 +262,9 @@ def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t: StepTime, goal
     per_step = run.batch * per_sample  # tokens (or samples) per optimizer step over every GPU
     throughput = per_step / t.seconds
     hours = None if goal.amount is None else goal.amount / throughput / 3600
+    asked = run if base.attention else replace(run, attention=None)  # the attention the planner resolved: not a flag
     return TrainingOption(
-        gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(run if base.attention else replace(run, attention=None), base),
+        gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(asked, base),
         step_time_s=t.seconds, throughput=throughput, mfu=t.mfu, time_to_goal_s=None if hours is None else hours * 3600,
         basis=t.basis, phases_s=t.phases_s, families_s=t.families_s, step_time_error=t.error,
         **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
