@@ -318,7 +318,10 @@ def ranks(x: list[float]) -> list[float]:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    return statistics.correlation(ranks(a), ranks(b))
+    ra, rb = ranks(a), ranks(b)
+    if len(set(ra)) < 2 or len(set(rb)) < 2:
+        return float("nan")  # every GPU predicted (or measured) the same: no order to check
+    return statistics.correlation(ra, rb)
 
 
 def error_stats(scored: list[Scored]) -> dict[str, Any]:

@@ -110,8 +110,14 @@ def test_eager_launches_bound_a_tiny_model(gpt2_step):
     """1,000 forward kernels of a 64x64 matmul: microseconds of GPU time each, more of the CPU's launching them."""
     step = _with(gpt2_step, _only(2 * 64**3, 3 * 64 * 64 * 2, MATMUL, F_MATMUL, (1, 64, 64, 64), count=1000))
     t = step_time(step, H100)
-    assert t.seconds == pytest.approx(1000 * LAUNCH_S[0])
+    # an eager forward linear: NeuSight's hosts took 45-88 us from Python to its kernel (median over hosts 51 us)
+    assert 45e-6 < t.seconds / 1000 < 88e-6
     assert t.families_s["launch"] > 0 and t.families_s["launch"] + t.families_s["matmul"] == pytest.approx(t.seconds)
+    # compiled, inductor's wrapper launches the kernels at the C++ launch cost, far below Python's: the GPU's time or
+    # the launches', whichever is longer
+    compiled = step_time(dataclasses.replace(step, setup=dataclasses.replace(step.setup, compile=True)), H100)
+    assert compiled.seconds == pytest.approx(max(1000 * LAUNCH_S[0], t.families_s["matmul"]))
+    assert compiled.seconds < t.seconds / 5
 
 
 def test_a_measured_rate_rescales_the_gemms(gpt2_step):

@@ -18,6 +18,13 @@
   NeuSight has no backward kernels: a backward is priced by the bytes the integrator passes for it.
 - Clocks: a board holds its boost clock unless its TDP is below what the unit's full load draws at boost
   (``sustained_clock``), then (TDP / draw) ** 0.52 of it.
+- Ceilings: where a board's best matmul was measured (stas00's list; zzc0721's database of users' square
+  torch.matmul runs), its GEMMs are scaled so the model's best matches it (``tensor_ceiling``, ``simt_ceiling``).
+  Boards nobody measured take their class's median: GeForce boards run 16-bit GEMMs ~1.2x faster than the rated
+  boost allows (held out one board at a time: 7-14% vs 15-36% without), and where the datasheet fp32 counts paired
+  lanes (compute capability 8.6+) sgemm reaches ~0.77 of the tile model (held out: median 5%).
+- Host dispatch of an eager forward op (``forward_dispatch``): NeuSight's smallest latency of each op, 25-67 us by
+  family on its hosts (PyTorch 2.1); the integrator (cost/step.py) takes a phase as the longer of kernels and launches.
 
 GPU time excludes the host's eager dispatch (the integrator adds it) and, in the fit, NeuSight's own (each call's
 latency there is dispatch + kernel). Kernels over a few ms on NeuSight's passively cooled 70-75 W boards ran up to
@@ -98,6 +105,14 @@ class Chip:
     l2_mib: float | None
     tdp_w: float | None
     memory_class: str  # HBM / GDDR / unified / other
+    vendor: str = ""  # the catalog's vendor ("NVIDIA", "AMD", ...)
+    segment: str = ""  # the catalog's segment ("consumer", "workstation", "datacenter", ...)
+
+    @property
+    def fp32_lanes(self) -> float:
+        """fp32 lanes per SM the datasheet rate counts (Ampere GA10x, Ada, Hopper, Blackwell: 128 on paper, issued
+        in pairs that sgemm cannot keep both busy)."""
+        return self.fp32_tflops * 1e12 / (2 * self.sms * self.boost_clock_mhz * 1e6)
 
     @classmethod
     def of(cls, acc: Accelerator) -> Chip | None:
@@ -119,7 +134,7 @@ class Chip:
                    tensor_tflops=MappingProxyType({key: float(v) for key in ("tf32", "fp16", "bf16", "fp8")
                                                    if (v := acc.peak_tflops.get(key))}),
                    bandwidth_gbps=float(bw), l2_mib=getattr(acc, "l2_mib", None), tdp_w=acc.tdp_w,
-                   memory_class=memory_class)
+                   memory_class=memory_class, vendor=acc.vendor, segment=acc.segment)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,8 +163,15 @@ class KernelFit:
     tensor_w_per_tflops: float  # the same for a tensor-core load per dense fp16 TFLOPS
     clock_exponent: float  # share = (TDP / draw) ** exponent below the draw (1/3 if voltage fell with the clock)
     simt_menu: Mapping[str, Mapping[str, tuple[int, ...]]]  # sgemm generation -> "matmul"/"bmm" -> SIMT_TILES run
-    # tensor GEMM time x this on a board whose best matmul was measured (stas00 list), or of its vendor ("CDNA")
+    # tensor GEMM time x this on a board whose best matmul was measured (stas00 list, zzc0721's database), else of
+    # its class ("CDNA": AMD; "GeForce": NVIDIA consumer boards, whose boost runs above the rated clock)
     tensor_ceiling: Mapping[str, float]
+    # sgemm time x this on a board NeuSight did not time whose best fp32 matmul was measured (zzc0721's database),
+    # else of its class ("dual-issue": NVIDIA compute capability >= 8.6, whose datasheet fp32 counts paired lanes)
+    simt_ceiling: Mapping[str, float]
+    # host seconds from a Python call of an eager op to its kernel's launch, per family (NeuSight's hosts, PyTorch
+    # 2.1: the median over its five GPUs' hosts of each op's smallest latency less the launch floor)
+    dispatch_s: Mapping[str, float]
     errors: Mapping[str, Any]  # the held-out figures the fit printed (per family, per GPU)
 
 
@@ -168,7 +190,9 @@ def fit_from_dict(d: Mapping[str, Any]) -> KernelFit:
                      clock_exponent=d["clock"]["exponent"],
                      simt_menu=MappingProxyType({a: MappingProxyType({f: tuple(t) for f, t in m.items()})
                                                  for a, m in d.get("simt_menu", {}).items()}),
-                     tensor_ceiling=MappingProxyType(dict(d.get("tensor_ceiling", {}))), errors=d.get("errors", {}))
+                     tensor_ceiling=MappingProxyType(dict(d.get("tensor_ceiling", {}))),
+                     simt_ceiling=MappingProxyType(dict(d.get("simt_ceiling", {}))),
+                     dispatch_s=MappingProxyType(dict(d.get("dispatch_s", {}))), errors=d.get("errors", {}))
 
 
 @functools.cache
@@ -275,16 +299,54 @@ def gemm_rows(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, code: 
         g = dataclasses.replace(g, eff=tuple(np.broadcast_to(g.eff, (len(SIMT_TILES),))[list(menu)]))
     code = _FP32 if unit == "simt" else code
     t = gemm_seconds(b, m, n, k, tiles=tiles, fit=g, hw=hw, in_bytes=_IN_BYTES[code], out_bytes=_OUT_BYTES[code])
-    if unit == "tensor":
-        t = t * tensor_ceiling(chip, fit)
+    t = t * (tensor_ceiling(chip, fit) if unit == "tensor" else simt_ceiling(chip, fit))
     return t + LAUNCH_FLOOR_S
 
 
+# Families NeuSight timed no op of take the nearest timed one's dispatch (fused attention: one call like a bmm).
+_DISPATCH_FIT = {"attention": "bmm", "reduction": "norm", "optimizer": "elementwise", "copy": "elementwise"}
+
+
+def forward_dispatch(family: np.ndarray, fit: KernelFit | None = None) -> np.ndarray:
+    """Host seconds eager PyTorch spends issuing each forward op of ``family`` (FAMILIES indices) from Python: the
+    measured dispatch of its family on NeuSight's hosts (fit_kernels.py's fit_dispatch). 0 for "none"."""
+    d = (fit or load_fit()).dispatch_s
+    table = np.array([d.get(f, d.get(_DISPATCH_FIT.get(f, "elementwise"), 0.0)) if f != "none" else 0.0
+                      for f in FAMILIES])
+    return table[np.asarray(family, int)]
+
+
+def _geforce(chip: Chip) -> bool:
+    return chip.vendor == "NVIDIA" and chip.segment == "consumer"
+
+
 def tensor_ceiling(chip: Chip, fit: KernelFit | None = None) -> float:
-    """Tensor GEMM time x this: the model's best matmul over the board's measured best (stas00's brute-force search)
-    where it was measured, its vendor's mean for other AMD boards, else 1."""
+    """Tensor GEMM time x this: the model's best matmul over the board's measured best (stas00's brute-force search,
+    zzc0721's database) where it was measured; else its class's median: AMD ("CDNA"), GeForce boards ("GeForce":
+    their boost runs above the rated clock); else 1."""
     c = (fit or load_fit()).tensor_ceiling
-    return c.get(chip.name) or (c.get("CDNA", 1.0) if chip.arch.startswith("CDNA") else 1.0)
+    if chip.name in c:
+        return c[chip.name]
+    if chip.arch.startswith("CDNA"):
+        return c.get("CDNA", 1.0)
+    return c.get("GeForce", 1.0) if _geforce(chip) else 1.0
+
+
+def dual_issue(chip: Chip) -> bool:
+    """NVIDIA compute capability 8.6 and later (GA10x, Ada, Hopper, Blackwell): the datasheet fp32 rate counts 128
+    lanes an SM, issued in pairs."""
+    cc = chip.compute_capability
+    return chip.vendor == "NVIDIA" and cc is not None and tuple(int(x) for x in cc.split(".")) >= (8, 6)
+
+
+def simt_ceiling(chip: Chip, fit: KernelFit | None = None) -> float:
+    """sgemm time x this: the model's best fp32 matmul over the board's measured best (zzc0721's database) on boards
+    NeuSight did not time; else the median of its class ("dual-issue": see ``dual_issue``); else 1 (the sgemm fit
+    itself is on NeuSight's P4, T4, P100, V100 and A100)."""
+    c = (fit or load_fit()).simt_ceiling
+    if chip.name in c:
+        return c[chip.name]
+    return c.get("dual-issue", 1.0) if dual_issue(chip) else 1.0
 
 
 def memory_rows(nbytes: np.ndarray, family: str, chip: Chip, fit: KernelFit | None = None) -> np.ndarray:

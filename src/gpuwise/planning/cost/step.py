@@ -43,12 +43,15 @@ from gpuwise.planning.cost.validation import ERROR_BAR
 if TYPE_CHECKING:
     from gpuwise.planning.parallel.sharding import PerGpu
 
-# Eager PyTorch spends CPU time on every kernel it launches (Python, the dispatcher, autograd, cudaLaunchKernel:
-# ~5-25 us an op, jiahuanglin.xyz/all_lessons/gpu_kernel_serving/18_pytorch_to_kernel.html). Forward runs each op
-# from Python through nn.Module calls (the middle of that range, assumed); backward and the optimizer's foreach
-# kernels are launched from C++ (the low end). The GPU queue lets the CPU run ahead, so a phase takes the longer of
-# its kernels' time and its launches' (a small model is launch-bound, a large one never waits on them).
-LAUNCH_S = np.array([8e-6, 5e-6, 5e-6])  # by PHASES: forward, backward, optimizer
+# Eager PyTorch spends CPU time on every kernel it launches (Python, the dispatcher, autograd, cudaLaunchKernel).
+# Forward runs each op from Python: its family's dispatch as measured on NeuSight's hosts (kernels.forward_dispatch:
+# 25-67 us an op, PyTorch 2.1). Backward and the optimizer's foreach kernels are launched from C++, a compiled
+# forward from inductor's generated wrapper, and a decode step as the serving runtimes run it (vLLM, SGLang and
+# TensorRT-LLM replay CUDA graphs, llama.cpp launches from C++): the low end of the ~5-25 us an op that the layers
+# between Python and cudaLaunchKernel add (jiahuanglin.xyz/all_lessons/gpu_kernel_serving/18_pytorch_to_kernel.html;
+# assumed, no measurement). The GPU queue lets the CPU run ahead, so a phase takes the longer of its kernels' time
+# and its launches' (a small model is launch-bound, a large one never waits on them).
+LAUNCH_S = np.array([5e-6, 5e-6, 5e-6])  # by PHASES: forward (compiled), backward, optimizer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +272,10 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
         gpu, what = got
         parts.append(what)
     gpu = np.where(c.kind == NONE, 0.0, gpu) * c.count
-    cpu = np.where(c.kind == NONE, 0.0, LAUNCH_S[c.phase]) * c.count
+    launch = LAUNCH_S[c.phase]
+    if not s.compile and s.task != "decode":  # decode: as the serving runtimes run it (CUDA graphs, C++ loops)
+        launch = np.where(c.phase == PHASES.index("forward"), kernels.forward_dispatch(c.family), launch)
+    cpu = np.where(c.kind == NONE, 0.0, launch) * c.count
     phases: dict[str, float] = {}
     launch_wait = 0.0
     for i, name in enumerate(PHASES):
@@ -280,8 +286,10 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     families = {f: v for f, v in families.items() if v > 0}
     if launch_wait:
         families["launch"] = launch_wait
-    parts.append(f"eager launches {LAUNCH_S[0] * 1e6:g} us a forward kernel, {LAUNCH_S[1] * 1e6:g} us a backward or "
-                 "optimizer one (a phase takes the longer of its kernels and its launches)")
+    fwd = ("5 us (inductor's wrapper)" if s.compile else "5 us (a serving runtime's)" if s.task == "decode"
+           else "Python's dispatch as NeuSight measured it (25-67 us by family)")
+    parts.append(f"host launches: a forward op {fwd}, a backward or optimizer one {LAUNCH_S[1] * 1e6:g} us (a phase "
+                 "takes the longer of its kernels and its launches)")
     got = _communication(step, acc, phases, all_to_all)
     if got is None:
         return None
