@@ -53,6 +53,24 @@ def test_sequence_parallel_splits_the_norms_and_residual_stream(t):
     assert _block_activations(GPT, setup) == pytest.approx(expected, rel=0.005)
 
 
+def test_compiled_sequence_parallel_runs_the_eager_step():
+    """--compile traces a block once and every block of the same structure and inputs shares the graph, across
+    captures too: the 3-block capture's middle block must not take the 2-block capture's last block's (which
+    gathered the sequence for the head: the loss then saw s / t tokens and raised), so the stack's scatter and gather
+    sit outside the blocks. And the emulated collectives read their inputs, or AOTAutograd drops as dead code the
+    matmuls only they read (the row-parallel outputs, the column-parallel input gradients). The compiled step then
+    runs eager's FLOPs (the partitioner recomputes no matmul), keeps less per block (fused norms) but still the two
+    gathered linear inputs whole (2sbh each), and peaks no higher."""
+    eager, comp = (Setup(micro_batch=B, seq=SEQ, precision="bf16", gpus=2, tp=2, sp=True, compile=c)
+                   for c in (False, True))
+    we, wc = (PLANNERS[LLAMA.name].workload(s) for s in (eager, comp))
+    assert wc.flops_per_step == we.flops_per_step and not wc.uncosted
+    for (e, *_), (c, *_) in zip(we.captures, wc.captures, strict=True):  # 2 and 3 blocks, at the micro-batch
+        assert c.flops_per_step == e.flops_per_step
+        assert c.live.sum(axis=1).max() <= e.live.sum(axis=1).max()
+    assert 4 * SEQ * B * H <= _block_activations(LLAMA, comp) < _block_activations(LLAMA, eager)
+
+
 def test_tensor_parallel_shards_the_block_weights_and_the_vocabulary():
     """One rank holds 1/t of every block linear (the row-parallel biases whole: added after the all-reduce) and of
     the vocabulary-parallel embedding; GPT's learned positions and the norms stay whole."""

@@ -92,6 +92,9 @@ _NO_KERNEL = frozenset({
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "set_", "resize_",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_assert_async",
     "_functional_sym_constrain_range", "detach", "alias",
+    # --sequence-parallel's collectives (parallel/tensor.py): their output buffer is allocated here, their time on
+    # the network priced by cost/comm.py
+    "sequence_all_gather", "sequence_reduce_scatter",
 })
 
 
@@ -323,6 +326,8 @@ def op_flops(func, args, kwargs, out) -> int | None:
             return int(_sdpa_forward_flops(args[0], args[1], False) * args[4])
         if packet.__name__ == "attention_cost_backward":  # 7 tile matmuls to the forward's 2: without atomics
             return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 7 / 2)  # QK^T and dP run twice
+        if packet.__name__ in _NO_KERNEL:  # the emulated collectives
+            return 0
     if packet is aten._grouped_mm:
         return _grouped_mm_flops(args[0], args[1], out)
     if packet in (aten.addmm, aten.baddbmm) and len(args) > 3:  # the out_dtype overloads: (self, a, b, out_dtype)

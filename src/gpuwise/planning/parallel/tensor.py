@@ -125,30 +125,44 @@ def shard_tensor_parallel(model: nn.Module, tp: int) -> None:
 SUBLAYERS = frozenset({"attention", "feed_forward", "attn", "mlp", "self_attn"})  # what runs on the whole sequence
 
 
-class _Gather(torch.autograd.Function):
-    """All-gather along the sequence (dim 1); backward reduce-scatters the gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, t: int) -> torch.Tensor:
-        ctx.t = t
-        return x.new_empty((x.shape[0], x.shape[1] * t, *x.shape[2:]))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad.new_empty((grad.shape[0], grad.shape[1] // ctx.t, *grad.shape[2:])), None
+# The collectives, as one rank sees them: a new buffer of the other shape (what NCCL writes into), nothing computed.
+# Custom ops, not autograd Functions around ``new_empty``: an op that reads its input is what keeps, in a
+# ``--compile`` trace (transforms/compiled.py), the matmuls whose only reader is a collective (the row-parallel
+# outputs in forward, the column-parallel input gradients in backward), which AOTAutograd would otherwise drop as
+# dead code; and it stays one kernel there, unfused, as inductor leaves a collective.
+def _resized(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], n, *x.shape[2:]))
 
 
-class _Scatter(torch.autograd.Function):
-    """Reduce-scatter along the sequence (dim 1); backward all-gathers the gradient."""
+@torch.library.custom_op("gpuwise::sequence_all_gather", mutates_args=())
+def _all_gather(x: torch.Tensor, t: int) -> torch.Tensor:
+    """All-gather along the sequence (dim 1)."""
+    return _resized(x, x.shape[1] * t)
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, t: int) -> torch.Tensor:
-        ctx.t = t
-        return x.new_empty((x.shape[0], x.shape[1] // t, *x.shape[2:]))
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad.new_empty((grad.shape[0], grad.shape[1] * ctx.t, *grad.shape[2:])), None
+@_all_gather.register_fake
+def _(x, t):
+    return _resized(x, x.shape[1] * t)
+
+
+@torch.library.custom_op("gpuwise::sequence_reduce_scatter", mutates_args=())
+def _reduce_scatter(x: torch.Tensor, t: int) -> torch.Tensor:
+    """Reduce-scatter along the sequence (dim 1)."""
+    return _resized(x, x.shape[1] // t)
+
+
+@_reduce_scatter.register_fake
+def _(x, t):
+    return _resized(x, x.shape[1] // t)
+
+
+def _keep_t(ctx, inputs, output) -> None:
+    ctx.t = inputs[1]
+
+
+# backward of an all-gather reduce-scatters the gradient, and the other way round
+_all_gather.register_autograd(lambda ctx, grad: (_reduce_scatter(grad, ctx.t), None), setup_context=_keep_t)
+_reduce_scatter.register_autograd(lambda ctx, grad: (_all_gather(grad, ctx.t), None), setup_context=_keep_t)
 
 
 def _first_tensor(args, kwargs, change):
@@ -160,7 +174,12 @@ def _first_tensor(args, kwargs, change):
 
 def sequence_parallel(model: nn.Module, tp: int) -> None:
     """The residual stream between the blocks' attention and MLP split ``tp`` ways along the sequence (module
-    docstring), in place: the first block scatters its input, the last gathers its output for the head."""
+    docstring), in place: the stack's input is scattered before the first block and its output gathered after the
+    last, for the head. Those two are hooks on the first and last block, not wrappers of their ``forward``: every
+    block then runs the same forward on s / tp tokens, as torchtitan's do (the embedding's output is already
+    sharded, the head's input gathered), so ``--compile``, which traces a block's forward once and shares the
+    graph with every block of the same structure and inputs (transforms/compiled.py), gives the last block the
+    graph of the others, not one without the gather (or the first block's, with a scatter)."""
     blocks = find_blocks(model) or []
     for block in blocks:
         for name, sub in block.named_children():
@@ -168,29 +187,24 @@ def sequence_parallel(model: nn.Module, tp: int) -> None:
                 continue
 
             def forward(*args, _inner=sub.forward, **kwargs):
-                args, kwargs = _first_tensor(args, kwargs, lambda x: _Gather.apply(x, tp))
+                args, kwargs = _first_tensor(args, kwargs, lambda x: _all_gather(x, tp))
                 out = _inner(*args, **kwargs)
                 if isinstance(out, tuple):
-                    return (_Scatter.apply(out[0], tp), *out[1:])
-                return _Scatter.apply(out, tp)
+                    return (_reduce_scatter(out[0], tp), *out[1:])
+                return _reduce_scatter(out, tp)
 
             sub.forward = forward
     if not blocks:
         return
-    first, last = blocks[0], blocks[-1]
-    inner_first = first.forward
 
-    def scatter_in(*args, **kwargs):
-        args, kwargs = _first_tensor(args, kwargs, lambda x: _Scatter.apply(x, tp))
-        return inner_first(*args, **kwargs)
+    def scatter_in(_block, args, kwargs):
+        return _first_tensor(args, kwargs, lambda x: _reduce_scatter(x, tp))
 
-    first.forward = scatter_in
-    inner_last = last.forward
-
-    def gather_out(*args, **kwargs):
-        out = inner_last(*args, **kwargs)
+    def gather_out(_block, _args, out):
         if isinstance(out, tuple):
-            return (_Gather.apply(out[0], tp), *out[1:])
-        return _Gather.apply(out, tp)
+            return (_all_gather(out[0], tp), *out[1:])
+        return _all_gather(out, tp)
 
-    last.forward = gather_out
+    # registered now, before the planner's own block hooks (capture/step.py), so that those see the shards
+    blocks[0].register_forward_pre_hook(scatter_in, with_kwargs=True)
+    blocks[-1].register_forward_hook(gather_out)

@@ -281,7 +281,9 @@ def apply_compile(blocks: nn.ModuleList, *, checkpointing: str = "none", context
 
     A block is traced at its first call with a new input signature; blocks of the same structure, inputs and
     ``context`` (what else shapes the graph: the planner passes its Setup, whose precision sets autocast) share one
-    trace. The planner sets ``CompiledBlocks.on_fused`` and ``pause`` to its tracker's.
+    trace, across captures too: a block whose ``forward`` was wrapped unlike its siblings' would run theirs (what
+    differs at the ends of the stack goes in hooks, which run outside the traced forward: parallel/tensor.py's
+    sequence parallelism). The planner sets ``CompiledBlocks.on_fused`` and ``pause`` to its tracker's.
     """
     from torch._functorch.aot_autograd import aot_function, make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
