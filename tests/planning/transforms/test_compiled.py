@@ -38,7 +38,8 @@ def _rounded(nbytes: int) -> int:
 
 @pytest.fixture(scope="module")
 def captures():
-    runs = [("none", True, 2), ("none", True, 3), ("none", False, 3), ("selective", False, 3), ("selective", True, 3)]
+    runs = [("none", True, 2), ("none", True, 3), ("none", False, 2), ("none", False, 3), ("selective", False, 3),
+            ("selective", True, 3)]
     return {(ck, comp, n): _capture(n, checkpointing=ck, compile=comp) for ck, comp, n in runs}
 
 
@@ -95,6 +96,29 @@ def test_fusion_leaves_out_the_norms_intermediates():
     ops = {n.target for n in fused}
     assert torch.ops.aten.pow.Tensor_Scalar in ops and torch.ops.aten.mean.dim in ops
     assert not any(n.target is torch.ops.aten.mm.default for n in fused)
+
+
+def test_fused_ops_launch_nothing_and_move_only_what_they_read(captures):
+    """An op whose output inductor keeps in registers is no kernel of its own ("fused"): it neither writes that output
+    nor is read back from memory by the next op of its kernel. One block's rows (3-block capture less the 2-block
+    one): the compiled block moves fewer bytes, through fewer kernels, with the same FLOPs, and the bytes it no longer
+    moves are at least the fused-away outputs' one write each, read from the traced graph itself."""
+    from gpuwise.planning.capture.tracker import F_FUSED, F_NONE
+
+    def block(comp: bool):
+        big, small = captures["none", comp, 3].costs, captures["none", comp, 2].costs
+        kernels = lambda c: float(c.count[(c.family != F_FUSED) & (c.family != F_NONE)].sum())  # noqa: E731
+        return (float(big.bytes @ big.count - small.bytes @ small.count), kernels(big) - kernels(small),
+                float((big.count * (big.family == F_FUSED)).sum() - (small.count * (small.family == F_FUSED)).sum()))
+
+    (eager_bytes, eager_kernels, eager_fused), (comp_bytes, comp_kernels, comp_fused) = block(False), block(True)
+    assert eager_fused == 0 and comp_fused > 0
+    assert comp_kernels < eager_kernels
+    fw = _forward_graph()
+    written = sum(n.meta["val"].numel() * n.meta["val"].element_size() for n in compiled.fused_away(fw.graph)
+                  if isinstance(n.meta.get("val"), torch.Tensor))
+    assert written > 0 and eager_bytes - comp_bytes >= written
+    assert captures["none", True, 3].flops_per_step == captures["none", False, 3].flops_per_step
 
 
 def test_full_checkpointing_inside_the_graph_keeps_the_block_inputs():

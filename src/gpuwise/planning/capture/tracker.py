@@ -81,10 +81,13 @@ MATMUL, ATTENTION, OTHER, NONE, MATMUL_FP8, MATMUL_FP32 = range(6)
 # Op families for the kernel-time model (cost/kernels.py): how each kernel is priced. GEMMs (mm, addmm, linear) and
 # batched GEMMs (bmm, baddbmm, grouped) by their (b, m, n, k) tiles and waves; convolutions by their implicit GEMM;
 # fused attention kernels by their implementation; the rest by the bytes they move, per family.
+# "fused": a pointwise or reduction op whose output a compiled kernel keeps in registers (transforms/compiled.py): no
+# kernel of its own, only the bytes it reads from memory, moved by the fused kernel it joins
 FAMILIES = ("matmul", "bmm", "conv", "attention", "elementwise", "norm", "softmax", "reduction", "optimizer", "copy",
-            "none")
+            "none", "fused")
 (F_MATMUL, F_BMM, F_CONV, F_ATTENTION, F_ELEMENTWISE, F_NORM, F_SOFTMAX, F_REDUCTION, F_OPTIMIZER, F_COPY,
- F_NONE) = range(len(FAMILIES))
+ F_NONE, F_FUSED) = range(len(FAMILIES))
+_FUSIBLE = frozenset({F_ELEMENTWISE, F_NORM, F_SOFTMAX, F_REDUCTION, F_COPY})
 PHASES = ("forward", "backward", "optimizer")
 _PHASE = {"setup": 0, "forward": 0, "backward": 1, "optimizer": 2}
 # Allocation and metadata ops: the caching allocator hands out memory without a kernel.
@@ -413,6 +416,10 @@ class Tracker(TorchDispatchMode):
         self._op_family: list[int] = []
         self._op_dims: list[tuple[int, int, int, int]] = []
         self.marks: dict[str, int] = {}
+        # compiled graphs: storages a fused kernel kept in registers (reading them moves no bytes), and the last
+        # op row's outputs (row, storage id -> bytes), which ``discount`` turns into a fused row
+        self._fused: dict[int, weakref.ref] = {}
+        self._last_out: tuple[int, dict[int, int], str] | None = None
         self.paused = False  # nothing is recorded while set (compiled.py traces a block's graph under it)
         # storage id -> (weak ref, block): in the optimizer step, an op on one block's parameters, gradients or
         # states (and on what such ops made) is labelled with that block, as forward and backward samples are, so
@@ -453,12 +460,28 @@ class Tracker(TorchDispatchMode):
 
     def discount(self, tensors: Iterable[torch.Tensor | None] | torch.Tensor | None) -> None:
         """Count the storages behind these tensors as never allocated: a compiled kernel keeps them in registers
-        (planning/transforms/compiled.py, inductor's fusion)."""
+        (planning/transforms/compiled.py, inductor's fusion). The op that made them, if it is the last op row, writes
+        nothing and launches no kernel of its own (its row becomes "fused"), and ops that read them later read no
+        bytes for them."""
         for t in tree_leaves(tensors):
             if isinstance(t, torch.Tensor):
-                hit = self._live.get(id(t.untyped_storage()))
-                if hit is not None and hit[0]() is t.untyped_storage():
+                st = t.untyped_storage()
+                hit = self._live.get(id(st))
+                if hit is not None and hit[0]() is st:
                     self._bytes[hit[1]] = 0
+                self._fused[id(st)] = weakref.ref(st)
+                if self._last_out is not None and id(st) in self._last_out[1]:
+                    row = self._last_out[0]
+                    if self._op_family[row] in _FUSIBLE:
+                        kept = self._last_out[1].pop(id(st))
+                        self._op_bytes[row] -= kept
+                        self.bytes_by_op[self._last_out[2]] -= kept
+                        self._op_family[row] = F_FUSED
+
+    def _in_registers(self, t: torch.Tensor) -> bool:
+        st = t.untyped_storage()
+        ref = self._fused.get(id(st))
+        return ref is not None and ref() is st
 
     def own(self, tensors: Iterable[torch.Tensor | None], block: int) -> None:
         """Mark these tensors' storages as block ``block``'s (see ``_owner``)."""
@@ -500,9 +523,15 @@ class Tracker(TorchDispatchMode):
             self.flops_by_op[name] += flops
         moved = 0
         data = not func.is_view and func.namespace not in ("prim", "profiler")  # views move no data
+        outs: dict[int, int] = {}
         if data:
-            leaves = tree_leaves((args, kwargs, out))
-            moved = sum(_nbytes(t) for t in leaves if isinstance(t, torch.Tensor))
+            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            if self._fused:  # a compiled graph: what a fused kernel kept in registers is not read from memory
+                ins = [t for t in ins if not self._in_registers(t)]
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    outs[id(t.untyped_storage())] = outs.get(id(t.untyped_storage()), 0) + _nbytes(t)
+            moved = sum(_nbytes(t) for t in ins) + sum(outs.values())
             self.bytes_by_op[name] += moved
         if (flops or 0) > _ABSURD_FLOPS or moved > _ABSURD_BYTES:
             raise GpuwiseError(f"one aten.{name} moves {moved:.3g} bytes and does {flops or 0:.3g} FLOPs: more than "
@@ -517,6 +546,7 @@ class Tracker(TorchDispatchMode):
             self._op_phase.append(_PHASE[self.phase])
             self._op_family.append(family)
             self._op_dims.append(op_dims(name, family, args, out))
+            self._last_out = (len(self._op_bytes) - 1, outs, name)
         if self._owner and self.phase == "optimizer":
             self.block = self._block_of(tree_leaves((args, kwargs)))
             if self.block is not None:

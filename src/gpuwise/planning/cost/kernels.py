@@ -58,7 +58,7 @@ from gpuwise.planning.cost.gemm import SIMT_TILES, TENSOR_TILES, GemmFit, Hardwa
 RATE_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")  # the precision a GEMM row runs in (index codes)
 _FP32, _TF32, _FP16, _BF16, _FP8 = range(len(RATE_KEYS))
 _F = {name: i for i, name in enumerate(FAMILIES)}
-_MEMORY_FAMILIES = ("elementwise", "norm", "softmax", "reduction", "optimizer", "copy")
+_MEMORY_FAMILIES = ("elementwise", "norm", "softmax", "reduction", "optimizer", "copy", "fused")
 # Families NeuSight has no kernels of take the nearest measured one's constants: a reduction reads like a layer
 # norm's statistics pass; optimizer (foreach) and copy kernels stream like elementwise ones.
 _MEMORY_FIT = {"elementwise": "elementwise", "norm": "norm", "softmax": "softmax", "reduction": "norm",
@@ -309,10 +309,11 @@ _DISPATCH_FIT = {"attention": "bmm", "reduction": "norm", "optimizer": "elementw
 
 def forward_dispatch(family: np.ndarray, fit: KernelFit | None = None) -> np.ndarray:
     """Host seconds eager PyTorch spends issuing each forward op of ``family`` (FAMILIES indices) from Python: the
-    measured dispatch of its family on NeuSight's hosts (fit_kernels.py's fit_dispatch). 0 for "none"."""
+    measured dispatch of its family on NeuSight's hosts (fit_kernels.py's fit_dispatch). 0 for "none" and "fused"
+    (no kernel of their own)."""
     d = (fit or load_fit()).dispatch_s
-    table = np.array([d.get(f, d.get(_DISPATCH_FIT.get(f, "elementwise"), 0.0)) if f != "none" else 0.0
-                      for f in FAMILIES])
+    table = np.array([d.get(f, d.get(_DISPATCH_FIT.get(f, "elementwise"), 0.0)) if f not in ("none", "fused")
+                      else 0.0 for f in FAMILIES])
     return table[np.asarray(family, int)]
 
 
@@ -350,11 +351,14 @@ def simt_ceiling(chip: Chip, fit: KernelFit | None = None) -> float:
 
 
 def memory_rows(nbytes: np.ndarray, family: str, chip: Chip, fit: KernelFit | None = None) -> np.ndarray:
-    """GPU seconds of memory-bound kernels moving ``nbytes`` (read + written), the launch floor included."""
-    f = (fit or load_fit()).memory[_MEMORY_FIT[family]]
+    """GPU seconds of memory-bound kernels moving ``nbytes`` (read + written), the launch floor included. "fused":
+    an op inside another kernel (compiled): its bytes at the elementwise rates, with no launch or fixed time."""
+    fused = family == "fused"
+    f = (fit or load_fit()).memory[_MEMORY_FIT["elementwise" if fused else family]]
     bw = chip.bandwidth_gbps * 1e9 * f.dram_share
     in_l2 = np.minimum(nbytes, f.l2_reach * (chip.l2_mib or 0.0) * 2**20)
-    return LAUNCH_FLOOR_S + f.t0_s + in_l2 / (bw * f.l2_speedup) + (nbytes - in_l2) / bw
+    fixed = 0.0 if fused else LAUNCH_FLOOR_S + f.t0_s
+    return fixed + in_l2 / (bw * f.l2_speedup) + (nbytes - in_l2) / bw
 
 
 def attention_efficiency(impl: str, chip: Chip, keys: np.ndarray | float = np.inf) -> np.ndarray:
@@ -429,6 +433,7 @@ BASIS = MappingProxyType({
     "reduction": "bytes at the layer-norm share (no reduction kernels measured)",
     "optimizer": "bytes at the elementwise share (no optimizer kernels measured)",
     "copy": "bytes at the elementwise share",
+    "fused": "the bytes a compiled kernel's fused op reads, at the elementwise share, no launch of its own",
     "none": "no kernel",
 })
 

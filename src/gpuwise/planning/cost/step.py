@@ -27,7 +27,17 @@ import numpy as np
 
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.planning.capture.tracker import ATTENTION, F_CONV, FAMILIES, MATMUL_FP8, MATMUL_FP32, NONE, PHASES, OpCosts
+from gpuwise.planning.capture.tracker import (
+    ATTENTION,
+    F_CONV,
+    F_FUSED,
+    FAMILIES,
+    MATMUL_FP8,
+    MATMUL_FP32,
+    NONE,
+    PHASES,
+    OpCosts,
+)
 from gpuwise.planning.cost import comm, kernels
 from gpuwise.planning.cost.comm import Comm
 from gpuwise.planning.cost.efficiency import (
@@ -275,7 +285,7 @@ def step_time(step: PerGpu, acc: Accelerator, *, calibration: Calibration | None
     launch = LAUNCH_S[c.phase]
     if not s.compile and s.task != "decode":  # decode: as the serving runtimes run it (CUDA graphs, C++ loops)
         launch = np.where(c.phase == PHASES.index("forward"), kernels.forward_dispatch(c.family), launch)
-    cpu = np.where(c.kind == NONE, 0.0, launch) * c.count
+    cpu = np.where((c.kind == NONE) | (c.family == F_FUSED), 0.0, launch) * c.count
     phases: dict[str, float] = {}
     launch_wait = 0.0
     for i, name in enumerate(PHASES):
