@@ -431,6 +431,14 @@ def kernel_section() -> Any:
     for family, gpu, n, median, p90 in table:
         print(f"  {family:<26} {gpu:<18} {n:>8,} {median:>7.1%} {p90:>7.1%}")
     print(f"  median over the {len(table)} held-out groups: {statistics.median(r[3] for r in table):.1%}")
+    best = json.loads((ROOT / "src" / "gpuwise" / "planning" / "cost" / "data" / "kernel_fit.json").read_text()
+                      )["errors"].get("best_matmul", {}).get("held_out", {})
+    if best:
+        print("  each board's best square matmul from its class's other boards (zzc0721's database; GeForce tensor, "
+              "paired-lane sgemm):")
+        errs = [(unit, key, e) for unit, by in best.items() for key, e in by.items()]
+        print("   " + ", ".join(f"{key} {'sgemm' if unit == 'simt' else unit} {e:.0%}" for unit, key, e in errs))
+        print(f"  median over those {len(errs)} boards: {statistics.median(e for *_, e in errs):.1%}")
     return table
 
 
