@@ -405,12 +405,13 @@ def fit_conv(d, chip_of, base: kernels.KernelFit, report: dict) -> kernels.Kerne
     # held-out medians by ~5 points but would charge each small convolution of a real network 0.24 ms, when
     # NeuSight's smallest take 63 us with the dispatch (A100).
     def conv_fit(x):
-        return _fits(base, conv_simt=float(np.exp(x[0])), conv_bytes=float(np.exp(x[1])), conv_fixed_s=CONV_FIXED_S)
+        return _fits(base, conv_simt=float(np.exp(x[0])), conv_bytes=float(np.exp(x[1])), conv_fixed_s=CONV_FIXED_S,
+                     conv_m0=float(np.exp(x[2])))
 
     def fit_on(train):
         def res(x):
             return np.log(conv_predict(d, train, conv_fit(x), chip_of) / d["lat"][train])
-        return conv_fit(least_squares(res, np.array([0.0, 0.0])))
+        return conv_fit(least_squares(res, np.array([0.0, 0.0, np.log(1000.0)])))
 
     print("\nconvolutions (fp32, cuDNN picks the algorithm): NeuSight conv, leave one GPU out; median | p90 |error|")
     print(f"{'held out':15} {'speed-up':>8} {'< 3 ms':>15} {'3-100 ms':>15}")
@@ -427,7 +428,8 @@ def fit_conv(d, chip_of, base: kernels.KernelFit, report: dict) -> kernels.Kerne
     report["conv"] = table
     fit = fit_on(fit_rows)
     print(f"fitted on all five: a convolution runs {fit.conv_simt:.2f}x its implicit GEMM's sgemm speed, plus "
-          f"{fit.conv_bytes:.1f}x its bytes at DRAM bandwidth and {fit.conv_fixed_s * 1e6:.0f} us "
+          f"{fit.conv_bytes:.1f}x its bytes at DRAM bandwidth and {fit.conv_fixed_s * 1e6:.0f} us; its GEMM part "
+          f"x (1 + {fit.conv_m0:.0f} / output pixels) "
           "(NeuSight's convolutions are all 3x3, stride 1, padding 1)")
     return fit
 
@@ -590,7 +592,7 @@ INITIAL = {
     "simt": {"eff": [0.9] * len(SIMT_TILES), "k0": 8.0, "acc_per_sm": 1.0, "l2_bytes_per_clk": A100_L2,
              "dram_share": 0.7},
     "tensor": {"eff": [0.8], "k0": 16.0, "acc_per_sm": 1.0, "l2_bytes_per_clk": A100_L2, "dram_share": 0.8},
-    "conv": {"speedup": 1.0, "bytes": 1.0, "fixed_s": 1e-5},
+    "conv": {"speedup": 1.0, "bytes": 1.0, "fixed_s": 1e-5, "m0": 0.0},
     "memory": {f: {"t0_s": 3e-6, "dram_share": 0.8, "l2_speedup": 2.5, "l2_reach": 1.0}
                for f in ("elementwise", "softmax", "norm")},
     "simt_menu": {},
@@ -624,7 +626,7 @@ def to_json(fit: kernels.KernelFit, report: dict) -> dict:
         "simt_ceiling": dict(fit.simt_ceiling),
         "dispatch_s": dict(fit.dispatch_s),
         "conv": {"speedup": round(fit.conv_simt, 4), "bytes": round(fit.conv_bytes, 4),
-                 "fixed_s": float(f"{fit.conv_fixed_s:.4g}")},
+                 "fixed_s": float(f"{fit.conv_fixed_s:.4g}"), "m0": round(fit.conv_m0, 1)},
         "memory": {f: {"t0_s": float(f"{m.t0_s:.4g}"), "dram_share": round(m.dram_share, 4),
                        "l2_speedup": round(m.l2_speedup, 4), "l2_reach": round(m.l2_reach, 4)}
                    for f, m in fit.memory.items()},

@@ -1,6 +1,9 @@
 """The buying guide: what the guides say in prose, computed. Six common jobs (a table, ``JOBS``), each ranked over
 the whole catalog by the same engine, with the fastest, the cheapest and the most work per joule.
 
+The jobs share nothing (each has its own model, captures and ranking), so where the process may use more than one
+core they run in worker processes, one job each at a time; the scenarios are the same either way.
+
 >>> [s.name for s in guide().scenarios][:1]                                           # doctest: +SKIP
 ['learn: GPT-2 (124M) on 1B tokens within a day']
 """
@@ -94,20 +97,53 @@ def _picks(r: Recommendation, cost: Callable[[Option], float]) -> tuple[Option |
 def guide(*, catalog: Catalog | None = None, calibrations: Mapping[str, Calibration] | None = None) -> Guide:
     """Each of ``JOBS`` ranked over ``catalog`` by ``recommend`` or ``serve``, and its picks. Nothing here is
     typed in but the jobs: the picks are the extremes of the engine's ranking."""
-    from gpuwise.planning.sources.resolve import resolve_source
-
     catalog = catalog or load_catalog()
     c = Constraints()
-    scenarios = []
-    for job in JOBS:
-        source, limits = resolve_source(job.model, None), replace(c, **job.limits)
-        if job.traffic is not None:
-            r = serve(source, job.traffic, limits, catalog=catalog, calibrations=calibrations)
-            cost = serving_cost(r.constraints)
-        else:
-            r = recommend(source, job.setup, job.goal, limits, catalog=catalog, calibrations=calibrations)
-            cost = training_cost(r.constraints)
-        fastest, cheapest, green = _picks(r, cost)
-        scenarios.append(Scenario(name=job.name, command=f"gpuwise recommend {job.flags}", fastest=fastest,
-                                  cheapest=cheapest, most_per_joule=green))
-    return Guide(scenarios=tuple(scenarios), mode=c.mode)
+    return Guide(scenarios=tuple(_scenarios(JOBS, catalog, c, calibrations)), mode=c.mode)
+
+
+def _scenarios(jobs: tuple[Job, ...], catalog: Catalog, c: Constraints,
+               calibrations: Mapping[str, Calibration] | None) -> list[Scenario]:
+    """Each job's scenario, in the jobs' order: in worker processes where this process may use more than one core
+    (each job captures its own model's steps: most of a minute of CPU together, and nothing shared between them), else
+    here. Workers are spawned, not forked (this process may already hold torch's threads), each with one torch thread
+    (the captures run on fake tensors: more threads only spin beside the other workers, 20-30% more CPU here)."""
+    from gpuwise.environment import usable_cores
+
+    workers = min(len(jobs), usable_cores())
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_one_thread) as pool:
+                done = [pool.submit(_scenario, job, catalog, c, calibrations) for job in jobs]
+                return [f.result() for f in done]
+        except (OSError, BrokenProcessPool):  # no processes here (a sandbox without semaphores), or one was killed
+            pass
+    return [_scenario(job, catalog, c, calibrations) for job in jobs]
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _scenario(job: Job, catalog: Catalog, c: Constraints, calibrations: Mapping[str, Calibration] | None
+              ) -> Scenario:
+    """``job`` ranked over ``catalog`` within ``c`` and its limits, and its picks."""
+    from gpuwise.planning.sources.resolve import resolve_source
+
+    source, limits = resolve_source(job.model, None), replace(c, **job.limits)
+    if job.traffic is not None:
+        r = serve(source, job.traffic, limits, catalog=catalog, calibrations=calibrations)
+        cost = serving_cost(r.constraints)
+    else:
+        r = recommend(source, job.setup, job.goal, limits, catalog=catalog, calibrations=calibrations)
+        cost = training_cost(r.constraints)
+    fastest, cheapest, green = _picks(r, cost)
+    return Scenario(name=job.name, command=f"gpuwise recommend {job.flags}", fastest=fastest, cheapest=cheapest,
+                    most_per_joule=green)

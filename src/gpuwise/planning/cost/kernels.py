@@ -7,8 +7,9 @@
   tile menu, 6% with the traced tile). TF32/fp16/bf16/fp8 run on tensor cores: fitted on OpenXLA's measured GEMM
   tables, H100 -> B200 8-15%, B200 -> H100 8-21%; each board's best matmul then matches stas00's measured list
   (A100 SXM/PCIe, never fitted on: 0.86/0.80 of datasheet vs 0.87/0.81 measured; kept as a per-board ceiling).
-- Convolutions: cuDNN's implicit GEMM at the sgemm model, sped up (winograd: 1.36x) plus 2.8x its bytes at DRAM
-  bandwidth and 20 us: NeuSight's 3x3 fp32 convolutions, held out 24-31% (the weakest family). TF32/16-bit
+- Convolutions: cuDNN's implicit GEMM at the sgemm model, sped up (winograd) but slowed where few output pixels
+  (N x Ho x Wo) feed the tiles, plus its bytes at DRAM bandwidth and 20 us: NeuSight's 3x3 fp32 convolutions
+  (the weakest family; held-out errors in data/kernel_fit.json). TF32/16-bit
   convolutions use the tensor model at no speed-up (assumed: cuDNN's tensor-core kernels are implicit GEMMs; no
   measured data).
 - Fused attention (SDPA flash / memory-efficient): its FLOPs at the FlashAttention papers' utilisation.
@@ -158,6 +159,7 @@ class KernelFit:
     conv_simt: float  # a convolution's speed over the sgemm of its implicit GEMM (cuDNN's pick: winograd, FFT, ...)
     conv_bytes: float  # ... plus its bytes (input, weight, output) this many times at the DRAM bandwidth (transforms)
     conv_fixed_s: float  # ... plus a fixed time (cuDNN runs a convolution as several kernels)
+    conv_m0: float  # ... its GEMM part x (1 + conv_m0 / m): few output pixels (m = N x Ho x Wo) run below the tiles
     memory: Mapping[str, MemoryFit]
     simt_w_per_tflops: float  # board power a 16 nm SIMT load draws per fp32 TFLOPS at boost (sustained_clock)
     tensor_w_per_tflops: float  # the same for a tensor-core load per dense fp16 TFLOPS
@@ -183,7 +185,7 @@ def _gemm_fit(d: Mapping[str, Any]) -> GemmFit:
 def fit_from_dict(d: Mapping[str, Any]) -> KernelFit:
     """A KernelFit from kernel_fit.json's layout."""
     return KernelFit(simt=_gemm_fit(d["simt"]), tensor=_gemm_fit(d["tensor"]), conv_simt=d["conv"]["speedup"],
-                     conv_bytes=d["conv"]["bytes"], conv_fixed_s=d["conv"]["fixed_s"],
+                     conv_bytes=d["conv"]["bytes"], conv_fixed_s=d["conv"]["fixed_s"], conv_m0=d["conv"].get("m0", 0.0),
                      memory=MappingProxyType({f: MemoryFit(**v) for f, v in d["memory"].items()}),
                      simt_w_per_tflops=d["clock"]["simt_w_per_tflops"],
                      tensor_w_per_tflops=d["clock"]["tensor_w_per_tflops"],
@@ -396,7 +398,7 @@ def kernel_seconds(family: np.ndarray, rate: np.ndarray, b: np.ndarray, m: np.nd
         t = LAUNCH_FLOOR_S + (t - LAUNCH_FLOOR_S) * scale
         if fam == _F["conv"]:  # cuDNN: winograd / FFT / implicit GEMM kernels and their transforms
             speedup = fit.conv_simt if RATE_KEYS[code] == "fp32" else min(1.0, fit.conv_simt)
-            t = (LAUNCH_FLOOR_S + fit.conv_fixed_s + (t - LAUNCH_FLOOR_S) / speedup
+            t = (LAUNCH_FLOOR_S + fit.conv_fixed_s + (t - LAUNCH_FLOOR_S) / speedup * (1 + fit.conv_m0 / m[rows])
                  + fit.conv_bytes * nbytes[rows] / (chip.bandwidth_gbps * 1e9))
         out[rows] = t
     # a GEMM row without dims (a captured op whose shapes were not kept): its FLOPs at the fitted best-tile rate
