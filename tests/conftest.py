@@ -10,6 +10,10 @@ import torch
 
 if not torch.cuda.is_available():  # the Triton kernels run interpreted on the CPU (set before they are defined)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The suite sees the built-in catalog only, even at collection (modules load it at import): a developer's own rows
+# (GPUWISE_CATALOG, ~/.config/gpuwise/catalog.toml) never reach it; the tests of those rows set them themselves.
+os.environ.pop("GPUWISE_CATALOG", None)
+os.environ["XDG_CONFIG_HOME"] = os.path.join(os.path.dirname(__file__), "data", "no-user-config")
 
 from fakes.environments import ARCHS_CU126, ARCHS_CU130, CPU, GpuProcess, cpu_env, cuda_env, gpu, nvml
 
@@ -56,6 +60,9 @@ def _own_cache_folder(request, tmp_path_factory, monkeypatch, _capture_seed):
     itself (marker own_captures) see the library's cache untouched, starting empty."""
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.setenv("XDG_DATA_HOME", str(cache / "data"))  # calibrations: never the developer's own
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cache / "config"))  # nor their own catalog rows
+    monkeypatch.delenv("GPUWISE_CATALOG", raising=False)
     if request.node.get_closest_marker("own_captures") is not None:
         return
     import gpuwise.planning.capture.cache as capture_cache

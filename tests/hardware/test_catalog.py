@@ -385,9 +385,11 @@ def test_to_dict_carries_the_recommend_fields():
 # whitepaper); TU104 64 (Turing whitepaper); GA100 64 (A100 whitepaper); GA10x 128 (GA102 whitepaper: the GA10x SM
 # doubles FP32); AD10x 128 (Ada whitepaper); GH100 128 (H100 whitepaper); Blackwell 128 (GB202 whitepaper; B200
 # 148 SMs x 128 = 18,944 cores); CDNA 2 64 (CDNA 2 whitepaper: 128 FP32 vector FLOP/clk/CU, packed FP32 doubles it
-# and AMD lists that as 95.7 "matrix"); CDNA 3 and CDNA 4 128 (CDNA 3/4 whitepapers: 256 FP32 FLOP/clk/CU).
+# and AMD lists that as 95.7 "matrix"); CDNA 3 and CDNA 4 128 (CDNA 3/4 whitepapers: 256 FP32 FLOP/clk/CU); RDNA 3
+# (gfx11) and RDNA 4 (gfx12) 128 (64 stream processors per CU, dual-issued: AMD's 61.4 TFLOPS for the 7900 XTX is
+# 96 CUs x 256 FLOP/clk x 2.5 GHz).
 FP32_LANES_PER_SM = {"GP100": 64, "GP104": 128, "GV100": 64, "TU104": 64, "GA100": 64, "GA10": 128, "AD10": 128,
-                     "GH100": 128, "GB": 128, "gfx90a": 64, "gfx942": 128, "gfx950": 128}
+                     "GH100": 128, "GB": 128, "gfx90a": 64, "gfx942": 128, "gfx950": 128, "gfx11": 128, "gfx12": 128}
 # Rows whose stored fp32 is not the SMs x clock x lanes product, and why; each must really disagree.
 FP32_EXEMPT = {"h20": "third-party FP32 44 with 78 SMs needs 2.2 GHz; no clock is published (boost assumed)"}
 
@@ -405,7 +407,7 @@ def _gpu_rows():
 
 def test_every_nvidia_and_amd_row_has_its_chip_facts():
     rows = _gpu_rows()
-    assert len(rows) == 39  # 35 NVIDIA (the Jetson included) and 4 AMD
+    assert len(rows) == 65  # 55 NVIDIA (the Jetson and the DGX Spark included) and 10 AMD (4 Instinct, 6 Radeon)
     for acc in rows:
         assert isinstance(acc.sm_count, int) and acc.sm_count > 0, acc.key
         assert acc.boost_clock_mhz and 500 < acc.boost_clock_mhz < 3000, acc.key
@@ -414,8 +416,8 @@ def test_every_nvidia_and_amd_row_has_its_chip_facts():
         if acc.l2_mib is not None:
             assert 1 <= acc.l2_mib <= 256, acc.key
         assert re.search(r"[Cc]hip facts", acc.source), acc.key  # the source says where they come from
-    # Only the H20 lacks a published L2 size.
-    assert [a.key for a in rows if a.l2_mib is None] == ["h20"]
+    # Only the H20 and the DGX Spark's GB10 lack a published L2 size.
+    assert [a.key for a in rows if a.l2_mib is None] == ["dgx-spark", "h20"]
     # Other vendors' chips have no SM equivalent the speed model could use: left out, not guessed.
     assert all(a.sm_count is None and a.boost_clock_mhz is None for a in CATALOG if a not in rows)
 
@@ -439,6 +441,10 @@ def test_fp32_rate_reproduces_from_sms_clock_and_lanes(acc):
         ("a100-80gb-pcie", 6912), ("rtx-3060-12gb", 3584), ("rtx-4090", 16384), ("rtx-5090", 21760),
         ("rtx-pro-6000", 24064), ("l4", 7424), ("h100-sxm", 16896), ("h100-pcie", 14592), ("b200", 18944),
         ("jetson-agx-orin", 2048), ("mi250x", 14080),  # MI250X: AMD's 14,080 stream processors = 220 CUs x 64
+        # issue 27's consumer rows, cores as NVIDIA's spec pages print them (AMD: stream processors x 2, dual issue)
+        ("rtx-3080", 8704), ("rtx-3090-ti", 10752), ("rtx-4070", 5888), ("rtx-4070-ti-super", 8448),
+        ("rtx-5060-ti-16gb", 4608), ("rtx-5070", 6144), ("rtx-5070-ti", 8960), ("rtx-5050", 2560),
+        ("dgx-spark", 6144), ("rx-7900-xtx", 2 * 6144), ("rx-9070-xt", 2 * 4096),
     ],
 )  # fmt: skip
 def test_sms_times_lanes_is_the_published_core_count(key, cuda_cores):
@@ -508,3 +514,33 @@ def test_chip_facts_match_whitepapers_and_device_queries():
     data = CATALOG.get("a100").to_dict()
     assert (data["sm_count"], data["boost_clock_mhz"], data["base_clock_mhz"], data["l2_mib"]) == (108, 1410, 1095, 40)
     assert CATALOG.get("tpu v5e").to_dict()["sm_count"] is None
+
+
+def test_issue27_consumer_rows_match_their_spec_pages():
+    # (memory GiB, GB/s, W, boost MHz, launch $) as the vendors' spec pages print them.
+    expected = {
+        "rtx-3080": (10, 760, 320, 1710, 699), "rtx-4070": (12, 504, 200, 2475, 599),
+        "rtx-5060-ti-16gb": (16, 448, 180, 2572, 429), "rtx-5060-ti-8gb": (8, 448, 180, 2572, 379),
+        "rtx-5070-ti": (16, 896, 300, 2452, 749), "rx-7900-xtx": (24, 960, 355, 2500, 999),
+        "rx-9070-xt": (16, 640, 304, 2970, 599), "dgx-spark": (128, 273, 140, 2523, 3999),
+    }
+    got = {k: (CATALOG.get(k).memory_bytes / GiB, CATALOG.get(k).memory_bandwidth_gbps, CATALOG.get(k).tdp_w,
+               CATALOG.get(k).boost_clock_mhz, CATALOG.get(k).launch_price_usd) for k in expected}
+    assert got == expected
+    # GA102 appendix, RTX 3080: 59.5 dense FP16/BF16 with FP32 accumulate; Ada appendix "RTX 4080 12GB" = 4070 Ti: 80.2.
+    assert (CATALOG.get("3080").peak_tflops.bf16, CATALOG.get("4070 ti").peak_tflops.bf16) == (59.5, 80.2)
+    # GeForce Blackwell: SMs x boost x 8,192 is the spec page's "AI TOPS" (FP4 sparse), 16 x the stored bf16.
+    for key, ai_tops in {"rtx-5050": 421, "rtx-5060": 614, "rtx-5060-ti-16gb": 759, "rtx-5070": 988,
+                         "rtx-5070-ti": 1406, "rtx-5080": 1801}.items():
+        acc = CATALOG.get(key)
+        assert acc.sm_count * acc.boost_clock_mhz * 8192 / 1e6 == pytest.approx(ai_tops, rel=0.005), key
+        assert 16 * acc.peak_tflops.bf16 == pytest.approx(ai_tops, rel=0.005), key
+    # AMD: 7900 XTX peak FP32 61.4 and FP16 122.8 (RDNA 3, no sparsity); 9070 XT INT8 779 TOPS with sparsity = 2x dense.
+    xtx, rdna4 = CATALOG.get("RX 7900 XTX"), CATALOG.get("9070 xt")
+    assert xtx.peak_tflops.fp32 == pytest.approx(61.4, abs=0.05)
+    assert xtx.peak_tflops.bf16 == pytest.approx(122.8, abs=0.15)
+    assert 2 * rdna4.peak_tflops.int8 == pytest.approx(779, rel=0.002) and xtx.peak_tflops.fp8 is None
+    # The 8 GB cards answer to their own key; the shared device name stays with the 16 GB rows.
+    assert CATALOG.get("rtx 5060 ti").key == "rtx-5060-ti-16gb"
+    assert CATALOG.get("rtx 4060 ti 8gb").memory_bytes == 8 * GiB
+    assert CATALOG.find("NVIDIA GB10").key == "dgx-spark"  # torch's name for the Spark's GPU (dgx_spark_config#1)

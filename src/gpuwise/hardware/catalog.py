@@ -1,6 +1,36 @@
 """The accelerator catalog: one sourced row per SKU, looked up by normalised name or alias.
 
 The data lives in ``catalog.toml`` beside this file; every row carries the source of its figures.
+
+Users extend it with their own TOML files in the same format, laid over the built-in rows in this order (a later
+file wins): ``catalog.toml`` in the user config folder (``$XDG_CONFIG_HOME/gpuwise``, else platformdirs'
+``user_config_dir("gpuwise")``: ``~/.config/gpuwise`` on Linux), then each file ``GPUWISE_CATALOG`` names (several
+joined by ``os.pathsep``). Every command (plan, recommend, gpus, bench, doctor) sees them through ``load_catalog()``.
+
+- A row with a new ``key`` adds a GPU. It needs the fields every built-in row has: key, name, vendor, segment, arch,
+  memory_gib, ecosystem, node_gpus, source. A minimal one::
+
+      [[accelerator]]
+      key = "my-card"
+      name = "Example Card 48GB"
+      vendor = "NVIDIA"                 # one of VENDORS
+      segment = "workstation"           # one of SEGMENTS
+      arch = "Ada Lovelace (AD102)"     # family (die): the speed model reads both
+      memory_gib = 48                   # the vendor's "GB" of device memory
+      memory_bandwidth_gbps = 960
+      peak_tflops = { fp32 = 91.1, bf16 = 181.0 }   # dense TFLOPS (int8 in TOPS)
+      ecosystem = "cuda"                # one of ECOSYSTEMS
+      node_gpus = 1
+      source = "vendor datasheet https://example.com/card.pdf, 2026-05"
+
+- A row with the ``key`` of an existing row changes only the fields it gives: ``peak_tflops`` per dtype, ``aliases``
+  added to the row's own, ``source`` (optional) saying where the new figures come from; a price or measurement it
+  sets brings its own source and date (``cloud_price_source``, ``cloud_price_date``). A field cannot be removed.
+  ``[[accelerator]] key = "rtx-4090"  cloud_usd_per_hour = 0.59  cloud_price_source = "..."  cloud_price_date =
+  "2026-07"`` re-prices the 4090.
+
+Each row is checked with the built-in rows' schema; every problem in the user files comes back as one
+``GpuwiseError`` naming the file, the row, the field and the fix.
 """
 
 from __future__ import annotations
@@ -8,9 +38,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -52,7 +83,11 @@ _NEEDS = {
 }
 _POSITIVE = ("memory_gib", "memory_bandwidth_gbps", "tdp_w", "interconnect_gbps", "allreduce_busbw_gbps",
              "launch_price_usd", "cloud_usd_per_hour", "street_price_usd", *CHIP_FACTS)
+# The user's catalogs (see the module docstring): the config folder's file and this variable's files.
+CATALOG_ENV = "GPUWISE_CATALOG"
+USER_FILE = "catalog.toml"
 _MONTH = re.compile(r"20\d\d-(0[1-9]|1[0-2])")  # "YYYY-MM", the month a price was seen
+_CHOICES = {"segment": SEGMENTS, "vendor": VENDORS, "ecosystem": ECOSYSTEMS}
 
 
 def normalize_name(name: str) -> str:
@@ -142,47 +177,81 @@ class Accelerator:
         return data
 
 
-def _check_row(row: Mapping[str, Any]) -> None:
-    """Raise ValueError naming the row, the field and the bad value; the fix is an edit of catalog.toml."""
-    where = f"catalog row {row.get('key', '?')!r}"
-    for field in _REQUIRED:
-        if field not in row:
-            raise ValueError(f"{where}: missing {field!r}")
+_STRINGS = ("key", "name", "vendor", "segment", "arch", "ecosystem", "source", "memory_type", "interconnect",
+            "host_link", "allreduce_source", "cloud_price_source", "street_price_source")
+_CC = re.compile(r"\d+\.\d+")  # "8.9"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _row_problems(row: Mapping[str, Any]) -> list[str]:
+    """Every way ``row`` breaks the schema, one message each naming the field, the bad value and the fix."""
+    if missing := [f for f in _REQUIRED if f not in row]:
+        return [f"missing {f!r}" + (f" (one of {', '.join(_CHOICES[f])})" if f in _CHOICES else "") for f in missing]
+    problems = []
     if unknown := set(row) - {*_REQUIRED, *_OPTIONAL}:
         close = {k: difflib.get_close_matches(k, [*_REQUIRED, *_OPTIONAL], n=1) for k in sorted(unknown)}
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}" + "".join(
+        problems.append(f"unknown keys {sorted(unknown)}" + "".join(
             f"; did you mean {c[0]!r} for {k!r}?" for k, c in close.items() if c))
-    if row["segment"] not in SEGMENTS:
-        raise ValueError(f"{where}: segment {row['segment']!r} is not one of {SEGMENTS}")
-    if row["vendor"] not in VENDORS:
-        raise ValueError(f"{where}: vendor {row['vendor']!r} is not one of {VENDORS}")
-    if row["ecosystem"] not in ECOSYSTEMS:
-        raise ValueError(f"{where}: ecosystem {row['ecosystem']!r} is not one of {ECOSYSTEMS}")
+    for field in _STRINGS:
+        if field in row and not isinstance(row[field], str):
+            problems.append(f"{field} {row[field]!r} must be a string in quotes")
+    for field, choices in _CHOICES.items():
+        if isinstance(row[field], str) and row[field] not in choices:
+            problems.append(f"{field} {row[field]!r} is not one of {choices}")
+    for field in ("aliases", "estimated"):
+        if field in row and not (isinstance(row[field], list) and all(isinstance(v, str) for v in row[field])):
+            problems.append(f"{field} {row[field]!r} must be a list of strings, e.g. [\"rtx 4090\"]")
+    if "compute_capability" in row and not (isinstance(cc := row["compute_capability"], str) and _CC.fullmatch(cc)):
+        problems.append(f"compute_capability {row['compute_capability']!r} must be a string like \"8.9\"")
+    for field in ("peer_link",):
+        if field in row and not isinstance(row[field], bool):
+            problems.append(f"{field} {row[field]!r} must be true or false")
+    if "launch_year" in row and not (isinstance(year := row["launch_year"], int) and 1990 < year < 2100):
+        problems.append(f"launch_year {row['launch_year']!r} must be a year, e.g. 2025")
     node_gpus = row["node_gpus"]
     if isinstance(node_gpus, bool) or not isinstance(node_gpus, int) or node_gpus < 1:
-        raise ValueError(f"{where}: node_gpus {node_gpus!r} must be a whole number >= 1 (1 for a single device)")
+        problems.append(f"node_gpus {node_gpus!r} must be a whole number >= 1 (1 for a single device)")
     for field in _POSITIVE:
         value = row.get(field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
-            raise ValueError(f"{where}: {field} {value!r} must be a number > 0; leave the key out when unknown")
+        if value is not None and (not _is_number(value) or value <= 0):
+            fix = "write it without quotes" if isinstance(value, str) else (
+                "it is required" if field in _REQUIRED else "leave the key out when unknown")
+            problems.append(f"{field} {value!r} must be a number > 0; {fix}")
     for field, needs in _NEEDS.items():
         if field in row and (missing := [n for n in needs if not row.get(n)]):
-            raise ValueError(f"{where}: {field} needs {missing}: every price and measurement says where and when")
+            problems.append(f"{field} needs {missing}: every price and measurement says where and when")
         if field not in row and (orphans := [n for n in needs if n in row]):
-            raise ValueError(f"{where}: {orphans} given without {field!r}")
+            problems.append(f"{orphans} given without {field!r}")
     for field in ("cloud_price_date", "street_price_date"):
         if field in row and not (isinstance(row[field], str) and _MONTH.fullmatch(row[field])):
-            raise ValueError(f"{where}: {field} {row[field]!r} is not a month 'YYYY-MM' (e.g. '2026-05')")
+            problems.append(f"{field} {row[field]!r} is not a month 'YYYY-MM' (e.g. '2026-05')")
     rates = row.get("peak_tflops", {})
-    if unknown := set(rates) - set(DTYPES):
-        raise ValueError(f"{where}: unknown dtypes {sorted(unknown)} in peak_tflops")
+    if not isinstance(rates, Mapping):
+        problems.append(f"peak_tflops {rates!r} must be a table, e.g. {{ bf16 = 165.2, fp32 = 82.6 }}")
+    else:
+        if unknown := set(rates) - set(DTYPES):
+            problems.append(f"unknown dtypes {sorted(unknown)} in peak_tflops (use {', '.join(DTYPES)})")
+        for dtype, value in rates.items():
+            if dtype in DTYPES and (not _is_number(value) or value <= 0):
+                problems.append(f"peak_tflops.{dtype} {value!r} must be a number > 0 (dense TFLOPS; int8 in TOPS); "
+                                "leave the dtype out when unknown")
     if "sm_count" in row and not isinstance(row["sm_count"], int):
-        raise ValueError(f"{where}: sm_count {row['sm_count']!r} must be a whole number of SMs (AMD: compute units)")
+        problems.append(f"sm_count {row['sm_count']!r} must be a whole number of SMs (AMD: compute units)")
     base, boost = row.get("base_clock_mhz"), row.get("boost_clock_mhz")
-    if base is not None and boost is not None and base > boost:
-        raise ValueError(f"{where}: base_clock_mhz {base} is above boost_clock_mhz {boost}; are they swapped?")
-    if unknown := set(row.get("estimated", ())) - _ESTIMABLE:
-        raise ValueError(f"{where}: unknown fields {sorted(unknown)} in estimated")
+    if _is_number(base) and _is_number(boost) and base > boost:
+        problems.append(f"base_clock_mhz {base} is above boost_clock_mhz {boost}; are they swapped?")
+    if isinstance(row.get("estimated"), list) and (unknown := set(row["estimated"]) - _ESTIMABLE):
+        problems.append(f"unknown fields {sorted(unknown)} in estimated (use {', '.join(sorted(_ESTIMABLE))})")
+    return problems
+
+
+def _check_row(row: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the row, the field and the bad value; the fix is an edit of catalog.toml."""
+    if problems := _row_problems(row):
+        raise ValueError(f"catalog row {row.get('key', '?')!r}: {problems[0]}")
 
 
 def _row_to_accelerator(row: Mapping[str, Any]) -> Accelerator:
@@ -318,7 +387,10 @@ class Catalog:
 
 def parse_catalog(text: str) -> Catalog:
     """Build a catalog from TOML text (the schema of ``catalog.toml``)."""
-    rows = tomllib.loads(text).get("accelerator", [])
+    return _catalog_of(tomllib.loads(text).get("accelerator", []))
+
+
+def _catalog_of(rows: Iterable[Mapping[str, Any]]) -> Catalog:
     accelerators = tuple(_row_to_accelerator(row) for row in rows)
     keys = [a.key for a in accelerators]
     if dupes := {k for k in keys if keys.count(k) > 1}:
@@ -326,11 +398,147 @@ def parse_catalog(text: str) -> Catalog:
     return Catalog(accelerators)
 
 
-@functools.cache
-def load_catalog(path: Path | None = None) -> Catalog:
-    """The catalog shipped with gpuwise, or one read from ``path``."""
-    if path is None:
-        text = resources.files("gpuwise.hardware").joinpath("catalog.toml").read_text(encoding="utf-8")
+def user_catalog_files(environ: Mapping[str, str]) -> tuple[Path, ...]:
+    """The user catalogs laid over the built-in rows, in the order they apply (a later file wins): the config folder's
+    ``catalog.toml`` when it exists, then each file ``GPUWISE_CATALOG`` names (``os.pathsep``-separated).
+
+    >>> user_catalog_files({"GPUWISE_CATALOG": "", "XDG_CONFIG_HOME": "/nowhere"})
+    ()
+    """
+    if config := environ.get("XDG_CONFIG_HOME"):
+        folder = Path(config) / "gpuwise"
     else:
-        text = Path(path).read_text(encoding="utf-8")
-    return parse_catalog(text)
+        import platformdirs
+
+        folder = Path(platformdirs.user_config_dir("gpuwise"))
+    found = [folder / USER_FILE] if (folder / USER_FILE).is_file() else []
+    for entry in environ.get(CATALOG_ENV, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        path = Path(entry).expanduser()
+        if not path.is_file():
+            raise GpuwiseError(f"{CATALOG_ENV} names {entry}, which is not a file",
+                               f"fix the path, or unset {CATALOG_ENV}")
+        found.append(path)
+    return tuple(found)
+
+
+def load_catalog(path: Path | None = None, *, environ: Mapping[str, str] = os.environ) -> Catalog:
+    """The catalog shipped with gpuwise with the user's catalogs (``user_catalog_files(environ)``) laid over it; with
+    ``path``, the rows of that file alone."""
+    if path is not None:
+        return _file_catalog(*_stamp(Path(path)))
+    return _merged_catalog(tuple(_stamp(p) for p in user_catalog_files(environ)))
+
+
+def _stamp(path: Path) -> tuple[Path, int, int]:
+    """A file with its modification time and size: the cache key, so an edited file is read again."""
+    try:
+        stat = path.stat()
+    except OSError:  # the read that follows names the problem
+        return path, -1, -1
+    return path, stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=8)
+def _file_catalog(path: Path, _mtime_ns: int, _size: int) -> Catalog:
+    return parse_catalog(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _builtin_rows() -> tuple[Mapping[str, Any], ...]:
+    text = resources.files("gpuwise.hardware").joinpath("catalog.toml").read_text(encoding="utf-8")
+    return tuple(tomllib.loads(text).get("accelerator", []))
+
+
+@functools.lru_cache(maxsize=8)
+def _merged_catalog(stamps: tuple[tuple[Path, int, int], ...]) -> Catalog:
+    """The built-in rows with each user file laid over them in turn; every problem in the user files as one error."""
+    rows: dict[str, Mapping[str, Any]] = {row["key"]: row for row in _builtin_rows()}
+    origin: dict[str, Path] = {}  # the user file that last set a row
+    problems: list[str] = []
+    for path, _, _ in stamps:
+        user_rows, file_problems = _read_user_file(path)
+        problems += file_problems
+        names = {normalize_name(label): key for key, row in rows.items()
+                 for label in (key, row.get("name", ""), *row.get("aliases", ())) if isinstance(label, str)}
+        seen: set[str] = set()
+        for number, user_row in enumerate(user_rows, 1):
+            key = user_row.get("key")
+            if not isinstance(key, str) or not key.strip():
+                problems.append(f"{path}: row {number}: missing 'key' (a short id such as \"rtx-4090\")")
+                continue
+            where = f"{path}: row {key!r}"
+            if key in seen:
+                problems.append(f"{where}: the key is given twice in this file; merge the two rows")
+                continue
+            seen.add(key)
+            if key in rows:
+                row, found = _overlay(rows[key], user_row, path), _provenance_problems(user_row)
+            elif (other := names.get(normalize_name(key))) is not None:
+                problems.append(f"{where}: {key!r} already names row {other!r}; write key = \"{other}\" to change "
+                                "that row, or pick another key to add a GPU")
+                continue
+            else:
+                row, found = dict(user_row), []
+                if isinstance(row.get("source"), str):
+                    row["source"] = f"user catalog {path}: {row['source']}"
+            found += _row_problems(row)
+            problems += [f"{where}: {p}" for p in found]
+            if not found:
+                rows[key], origin[key] = row, path
+    if not problems:
+        try:
+            return _catalog_of(rows.values())
+        except ValueError as exc:  # two rows answer to one name
+            files = sorted({str(p) for k, p in origin.items() if repr(k) in str(exc)})
+            problems.append(f"{', '.join(files) or 'user catalog'}: {exc}; drop or rename the alias")
+    raise GpuwiseError(f"bad user catalog: {'; '.join(problems)}",
+                       "fix each row as said (the format: python -c 'help(\"gpuwise.hardware.catalog\")'), "
+                       f"or unset {CATALOG_ENV}")
+
+
+def _read_user_file(path: Path) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The ``[[accelerator]]`` tables of a user catalog, and what keeps it from being read."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return [], [f"{path}: cannot be read ({exc.strerror or exc})"]
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return [], [f"{path}: not valid TOML ({exc})"]
+    problems = []
+    if unknown := sorted(set(data) - {"accelerator"}):
+        problems.append(f"{path}: unknown top-level keys {unknown}; each GPU is an [[accelerator]] table")
+    rows = data.get("accelerator", [])
+    if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+        return [], [*problems, f"{path}: 'accelerator' must be [[accelerator]] tables, one per GPU"]
+    return rows, problems
+
+
+def _overlay(base: Mapping[str, Any], user: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """``base`` with the fields ``user`` gives replaced: peak_tflops per dtype, aliases added to the built-in ones, the
+    estimates ``user`` makes in ``estimated`` (a figure it sets is no longer the built-in estimate)."""
+    row = {**base, **user}
+    rates = user.get("peak_tflops")
+    if isinstance(rates, Mapping):
+        row["peak_tflops"] = {**base.get("peak_tflops", {}), **rates}
+    if isinstance(user.get("aliases"), list):
+        row["aliases"] = list(dict.fromkeys([*base.get("aliases", ()), *user["aliases"]]))
+    set_fields = [f for f in user if f not in ("key", "source", "aliases", "estimated", "peak_tflops")]
+    set_fields += list(rates) if isinstance(rates, Mapping) else []
+    estimated = user.get("estimated", [])
+    if isinstance(estimated, list):
+        row["estimated"] = [f for f in base.get("estimated", ()) if f not in set_fields] + estimated
+    if row.get("estimated") == []:
+        del row["estimated"]
+    note = user.get("source", "no source given")
+    if isinstance(note, str):
+        changed = ", ".join(set_fields) or "aliases"
+        row["source"] = f"user catalog {path} sets {changed}: {note}. Built-in: {base['source']}"
+    return row
+
+
+def _provenance_problems(user: Mapping[str, Any]) -> list[str]:
+    """A price or measurement a user row changes comes with its own source and date, not the built-in row's."""
+    return [f"{field} needs {missing} in the same row: every price and measurement says where and when"
+            for field, needs in _NEEDS.items() if field in user and (missing := [n for n in needs if not user.get(n)])]
