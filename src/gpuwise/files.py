@@ -1,4 +1,5 @@
-"""Files the user names and files we write: ``file.py:function`` and config paths checked before torch loads;
+"""Files the user names and files we write: ``file.py:function`` checked before torch loads (a config path or Hub
+id: planning/sources/hub.py ``model_files``);
 writing safely (a temporary file in the same folder, then an atomic rename)."""
 
 from __future__ import annotations
@@ -23,24 +24,6 @@ def file_function(spec: str, flag: str) -> tuple[Path, str]:
         raise GpuwiseError(f"no such file: {path}" if not Path(path).exists() else f"{path} is a folder",
                            f"pass {flag} path/to/file.py:function")
     return Path(path), name
-
-
-def hf_config_file(path: str | os.PathLike) -> Path:
-    """``--hf-config``: a config.json, or a folder holding one (as save_pretrained writes it)."""
-    target = Path(path)
-    if target.is_dir():
-        target = target / "config.json"
-    if not target.is_file():
-        raise GpuwiseError(f"no such file: {target}", "pass --hf-config path/to/config.json")
-    return target
-
-
-def model_files(model: str | None, hf_config: str | None) -> None:
-    """Refuse a missing ``--model file.py:function`` or ``--hf-config`` file before anything heavy loads."""
-    if hf_config is not None and not model:
-        hf_config_file(hf_config)
-    elif model and (model.endswith(".py") or ".py:" in model):
-        file_function(model, "--model")
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """What the capture needs from a model's origin: the ``Source`` protocol and the ``Built`` step a source hands it.
 
 Every source builds *inside* the fake mode, so nothing is allocated and nothing is downloaded. The sources: the
-built-in zoo (zoo.py), a user's ``file.py:function`` (file.py), a Hugging Face config.json (hf.py); resolve.py picks
-the one the command line names.
+built-in zoo (zoo.py), a user's ``file.py:function`` (file.py), a model factory (factory.py), a Hugging Face
+config.json (hf.py); resolve.py picks the one the command line names.
 """
 
 from __future__ import annotations

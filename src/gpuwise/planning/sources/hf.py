@@ -29,6 +29,13 @@ from gpuwise.planning.capture.blocks import Misaligned, find_blocks, kinds_of, s
 from gpuwise.planning.experts import Experts, experts_of
 from gpuwise.planning.setup import Attention, Setup
 from gpuwise.planning.sources.base import Built, Decoder, check_decode, scalar_loss
+from gpuwise.planning.sources.checkpoint import (
+    CheckpointInfo,
+    checkpoint_info,
+    gguf_config,
+    read_gguf,
+    safetensors_files,
+)
 from gpuwise.planning.sources.hf_build import concrete_constants, top1_routers
 
 _MAX_LAYERS = 10_000  # Llama 3.1 405B has 126 blocks
@@ -51,9 +58,23 @@ class HFSource:
 
     path: Path
     config: dict
+    label: str | None = None  # the name the user gave (a Hub id); None: config.json's _name_or_path, or model_type
+    checkpoint: CheckpointInfo | None = None  # the weights as stored beside config.json (checkpoint.py)
 
     @classmethod
-    def from_path(cls, path: Path) -> HFSource:
+    def from_path(cls, path: Path, *, label: str | None = None) -> HFSource:
+        """A config.json, a folder holding one (and maybe its safetensors), a ``.safetensors`` file beside its
+        config.json, or a ``.gguf`` file (its config from the GGUF metadata); the weights as stored read too."""
+        files = None
+        if path.suffix == ".gguf" and path.is_file():
+            return cls._checked(path, gguf_config(path), label or path.name, read_gguf(path))
+        if path.suffix == ".safetensors" and path.is_file():
+            shards = safetensors_files(path.parent)
+            files, path = (shards if path in shards else (path,)), path.parent / "config.json"
+            if not path.is_file():
+                raise GpuwiseError(f"no config.json beside {files[0]}: a safetensors file holds the weights, not "
+                                   "the architecture", "put the model's config.json in its folder, or pass "
+                                   "--hf-config with a Hub id")
         if path.is_dir():
             path = path / "config.json"
         try:
@@ -62,6 +83,11 @@ class HFSource:
             raise GpuwiseError(f"no such file: {path}", "pass --hf-config path/to/config.json") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise GpuwiseError(f"{path} is not valid JSON: {exc}", "pass a Hugging Face config.json") from None
+        info = checkpoint_info(config, path.parent, files) if isinstance(config, dict) else None
+        return cls._checked(path, config, label, info)
+
+    @classmethod
+    def _checked(cls, path: Path, config: Any, label: str | None, info: CheckpointInfo | None) -> HFSource:
         if not isinstance(config, dict) or "model_type" not in config:
             raise GpuwiseError(f"{path} has no model_type", "pass a Hugging Face config.json")
         archs = config.get("architectures")
@@ -73,11 +99,11 @@ class HFSource:
             if isinstance(layers, int) and layers > _MAX_LAYERS:
                 raise GpuwiseError(f"{path}: {key} {layers:,} is more blocks than any model has "
                                    f"(the most gpuwise plans is {_MAX_LAYERS:,})", f"check {key} in config.json")
-        return cls(path=path, config=config)
+        return cls(path=path, config=config, label=label, checkpoint=info)
 
     @property
     def name(self) -> str:
-        return self.config.get("_name_or_path") or self.config["model_type"]
+        return self.label or self.config.get("_name_or_path") or self.config["model_type"]
 
     @property
     def n_layer(self) -> int | None:
