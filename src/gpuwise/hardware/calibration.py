@@ -1,7 +1,11 @@
 """Rates measured on this machine's GPUs (``gpuwise bench --calibrate``), stored for later plans.
 
+They live in the user data folder (``data_dir``: $XDG_DATA_HOME/gpuwise, else platformdirs' folder for the OS), not
+in a cache a cleaner may wipe. Calibrations stored by earlier versions in ``cache_dir`` are still read (the new folder
+wins per device); nothing is written there any more.
+
 >>> cal = Calibration(device="h100-sxm", tflops={"bf16": 720.0}, gbps=2900.0)
->>> # save_calibration(cal, cache_dir(os.environ)); load_calibrations(cache_dir(os.environ))["h100-sxm"]
+>>> # save_calibration(cal, data_dir(os.environ)); stored_calibrations(os.environ)["h100-sxm"]
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
+
+import platformdirs
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.files import atomic_path
@@ -33,8 +39,17 @@ class Calibration:
             raise ValueError(f"not a bandwidth: {self.gbps!r}")
 
 
+def data_dir(environ: Mapping[str, str]) -> Path:
+    """Where calibrations live: $XDG_DATA_HOME/gpuwise when ``environ`` sets it (on any OS), else the OS's user data
+    folder (platformdirs: ~/.local/share/gpuwise, ~/Library/Application Support/gpuwise, %LOCALAPPDATA%\\gpuwise)."""
+    if environ.get("XDG_DATA_HOME"):
+        return Path(environ["XDG_DATA_HOME"]) / "gpuwise"
+    return platformdirs.user_data_path("gpuwise", appauthor=False)
+
+
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    """Where calibrations live: $XDG_CACHE_HOME/gpuwise, else ~/.cache/gpuwise."""
+    """gpuwise's cache (captures): $XDG_CACHE_HOME/gpuwise, else ~/.cache/gpuwise. Calibrations lived here before
+    ``data_dir``; ``stored_calibrations`` still reads them."""
     base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".cache")
     return Path(base) / "gpuwise"
 
@@ -52,7 +67,7 @@ def save_calibration(cal: Calibration, folder: Path) -> Path:
     except (OSError, GpuwiseError) as exc:
         why = exc.message if isinstance(exc, GpuwiseError) else exc.strerror or str(exc)
         raise GpuwiseError(f"cannot store the calibration in {path}: {why}",
-                           "set XDG_CACHE_HOME to a folder you can write to, or drop --calibrate") from exc
+                           "set XDG_DATA_HOME to a folder you can write to, or drop --calibrate") from exc
     return path
 
 
@@ -63,3 +78,9 @@ def load_calibrations(folder: Path) -> dict[str, Calibration]:
         return {k: Calibration(**v) for k, v in data.items()}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, ValueError):
         return {}
+
+
+def stored_calibrations(environ: Mapping[str, str]) -> dict[str, Calibration]:
+    """Every calibration ``gpuwise bench --calibrate`` stored: the data folder's, and for other devices the ones an
+    earlier version kept in the cache folder (read only, so an upgrade loses none)."""
+    return {**load_calibrations(cache_dir(environ)), **load_calibrations(data_dir(environ))}

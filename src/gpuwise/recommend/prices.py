@@ -1,29 +1,45 @@
-"""What a row costs: the rent or purchase price of its GPUs (the user's quotes first, then the catalog's), the
-rent for the job, and the energy at board power.
+"""What a row costs: the rent or purchase price of its GPUs, the rent for the job, and the energy at board power.
+
+Rent comes from the user's quotes (``--prices``) first, then the cloud snapshot (``data/cloud_prices.csv``: per
+provider, kind and instance size, the cheapest USD per GPU-hour in SkyPilot's catalog, made by
+``scripts/prices_snapshot.py``), then the catalog's hand-kept figure; purchase from the quotes, then the catalog.
 
 >>> costs(acc, gpus=8, throughput=1e5, hours=1.0, rent={}, buy={}).energy_kwh            # doctest: +SKIP
 5.6
+>>> [(p.provider, p.kind, p.usd) for p in offers(catalog.find("h100"), gpus=1)][:2]    # doctest: +SKIP
+[('nebius', 'spot', 1.25), ('nebius', 'on-demand', 2.95)]
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 
+KINDS = ("on-demand", "spot")  # how a GPU is rented: at list price, or spare capacity the provider may take back
+
 
 @dataclass(frozen=True, kw_only=True)
 class Price:
+    """USD per GPU-hour (rent) or per GPU (purchase), and where it comes from."""
+
     usd: float
     source: str
     date: str | None = None
+    provider: str | None = None  # the cloud of a snapshot offer (aws, lambda, nebius...); None: a quote or the catalog
+    kind: str | None = None  # rent only: "on-demand" or "spot"; None where the quote does not say
+    instance: str | None = None  # the instance type the offer is for (a snapshot offer only)
+    region: str | None = None  # its cheapest region (a snapshot offer only)
+    instance_gpus: int | None = None  # GPUs in that instance: the smallest number one can rent at this price
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,14 +58,59 @@ class Costs:
         return {f.name: getattr(self, f.name) for f in fields(Costs)}
 
 
-def rent_price(acc: Accelerator, quotes: Mapping[str, Price]) -> Price | None:
-    """USD per GPU-hour: the user's quote, else the catalog's cloud price."""
+# -- cloud offers ---------------------------------------------------------------------------------------------
+
+SNAPSHOT = "cloud_prices.csv"  # in gpuwise/recommend/data, written by scripts/prices_snapshot.py
+
+
+@functools.cache
+def _snapshot() -> tuple[tuple[str, Price], ...]:
+    """Every row of the shipped snapshot: (catalog key, offer)."""
+    text = resources.files("gpuwise.recommend").joinpath("data", SNAPSHOT).read_text(encoding="utf-8")
+    return tuple((row["gpu"], Price(usd=float(row["usd_per_gpu_hour"]), source=row["source"], date=row["date"] or None,
+                                    provider=row["provider"], kind=row["kind"], instance=row["instance"] or None,
+                                    region=row["region"] or None, instance_gpus=int(row["instance_gpus"])))
+                 for row in csv.DictReader(text.splitlines()))
+
+
+def providers() -> tuple[str, ...]:
+    """The clouds the snapshot has offers from, sorted."""
+    return tuple(sorted({o.provider for _, o in _snapshot() if o.provider}))
+
+
+def offers(acc: Accelerator, *, kind: str | None = None, provider: str | None = None,
+           gpus: int | None = None) -> tuple[Price, ...]:
+    """Every snapshot offer for ``acc`` (USD per GPU-hour), cheapest first: of one ``kind`` and ``provider`` when
+    given (None: all), and in instances of at most ``gpus`` GPUs when given. An unknown kind or provider is an error
+    naming the flag and the valid values."""
+    check_offer_filter(kind=kind, provider=provider)
+    found = [o for gpu, o in _snapshot() if gpu == acc.key and kind in (None, o.kind)
+             and provider in (None, o.provider) and (gpus is None or (o.instance_gpus or 1) <= gpus)]
+    return tuple(sorted(found, key=lambda o: (o.usd, o.provider or "", o.kind or "", o.instance_gpus or 0)))
+
+
+def check_offer_filter(*, kind: str | None = None, provider: str | None = None) -> None:
+    """A GpuwiseError for a kind other than KINDS or a provider the snapshot lacks (``--spot``, ``--provider``)."""
+    if kind is not None and kind not in KINDS:
+        raise GpuwiseError(f"rent kind {kind!r} is not one of {', '.join(KINDS)}", "rent on-demand, or pass --spot")
+    if provider is not None and provider not in providers():
+        raise GpuwiseError(f"--provider {provider}: no prices for it in the snapshot",
+                           f"use one of {', '.join(providers())}, or give your own with --prices")
+
+
+def rent_price(acc: Accelerator, quotes: Mapping[str, Price], *, kind: str = "on-demand",
+               provider: str | None = None, gpus: int | None = None) -> Price | None:
+    """USD per GPU-hour: the user's quote, else the cheapest of the snapshot's offers of that ``kind`` (from
+    ``provider`` when given; in an instance of at most ``gpus`` GPUs when given) and, on-demand from any provider,
+    the catalog's dated market price (the snapshot holds a few clouds; the catalog's figure may be a cheaper one's);
+    None if none."""
     if acc.key in quotes:
         return quotes[acc.key]
-    if acc.cloud_usd_per_hour:
-        return Price(usd=acc.cloud_usd_per_hour, source=acc.cloud_price_source or "catalog",
-                     date=acc.cloud_price_date)
-    return None
+    found = list(offers(acc, kind=kind, provider=provider, gpus=gpus))
+    if acc.cloud_usd_per_hour and kind == "on-demand" and provider is None:
+        found.append(Price(usd=acc.cloud_usd_per_hour, source=acc.cloud_price_source or "catalog",
+                           date=acc.cloud_price_date, kind="on-demand"))
+    return min(found, key=lambda p: p.usd) if found else None
 
 
 def buy_price(acc: Accelerator, quotes: Mapping[str, Price]) -> Price | None:
@@ -66,9 +127,10 @@ def buy_price(acc: Accelerator, quotes: Mapping[str, Price]) -> Price | None:
 
 
 def costs(acc: Accelerator, *, gpus: int, throughput: float, hours: float | None, rent: Mapping[str, Price],
-          buy: Mapping[str, Price]) -> Costs:
-    """``gpus`` of ``acc`` doing ``throughput`` units a second (over all of them) for ``hours`` (None: no goal)."""
-    per_hour, price = rent_price(acc, rent), buy_price(acc, buy)
+          buy: Mapping[str, Price], kind: str = "on-demand", provider: str | None = None) -> Costs:
+    """``gpus`` of ``acc`` doing ``throughput`` units a second (over all of them) for ``hours`` (None: no goal),
+    renting ``kind`` (on-demand, spot) from ``provider`` (None: the cheapest)."""
+    per_hour, price = rent_price(acc, rent, kind=kind, provider=provider, gpus=gpus), buy_price(acc, buy)
     watts = acc.tdp_w * gpus if acc.tdp_w else None
     return Costs(rent_usd_per_hour=per_hour,
                  rent_usd=None if per_hour is None or hours is None else per_hour.usd * gpus * hours,
