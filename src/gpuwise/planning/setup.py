@@ -30,6 +30,9 @@ QLoRARecipe = Literal["peft", "plain"]
 # weight-only formats of inference (transforms/quantize.py: storage as the libraries lay it out); bf16 and fp16 hold the
 # weights as the step computes (the default)
 Weights = Literal["bf16", "fp16", "fp8", "int8", "int4", "nf4"]
+# --task decode's KV cache storage (vLLM's --kv-cache-dtype: auto is the model's dtype; fp8 is fp8_e4m3 on CUDA);
+# planning/cost/kv_cache.py sizes it
+KvDtype = Literal["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Loss = Literal["standard", "chunked", "fused"]  # gpuwise.models.loss
 Offload = Literal["none", "optimizer", "params"]  # parallel/sharding.py: ZeRO-Offload, FSDP2's CPUOffloadPolicy
 
@@ -98,6 +101,7 @@ class Setup:
     # sequence length)
     context: int | None = None
     weights: Weights | None = None  # inference: the blocks' linear layers quantised (quantize.py); None: as computed
+    kv_dtype: KvDtype | None = None  # --task decode: the KV cache stored in this dtype; None: as computed (auto)
     # Model parallelism (planning/parallel/): --gpus is the total, data-parallel over gpus / (tp x pp x cp).
     tp: int = 1  # tensor parallel: Megatron's column/row-parallel block, heads and vocabulary split tp ways
     pp: int = 1  # pipeline parallel, 1F1B: each stage holds layers / pp blocks, stage i keeps pp - i micro-batches
@@ -184,6 +188,11 @@ class Setup:
         if self.task == "decode" and self.seq is not None:
             raise GpuwiseError("--seq has no meaning for --task decode: the step feeds one token per sequence",
                                f"pass --context {self.seq} (the tokens already in the KV cache)")
+        if self.kv_dtype is not None:
+            _choice("kv_dtype", self.kv_dtype, KvDtype)
+            if self.task != "decode":
+                raise GpuwiseError(f"--kv-dtype {self.kv_dtype} is the KV cache of a decode step, not of --task "
+                                   f"{self.task}", "add --task decode, or drop --kv-dtype")
         if self.weights is None:
             return
         if self.weights == "q4_k_m":
@@ -405,6 +414,8 @@ class Setup:
             parts.append(lora)
         if self.task == "decode":
             parts.append(f"{self.context:,} tokens cached" if self.context is not None else "default context cached")
+        if self.kv_dtype not in (None, "auto"):
+            parts.append(f"{self.kv_dtype} KV cache")
         if self.quantized:
             parts.append(f"{self.weights} weights")
         if self.gpus > 1:
@@ -461,6 +472,7 @@ class Request:
     compile: bool | None = None
     weights: str | None = None
     context: int | None = None
+    kv_dtype: str | None = None
     tp: int | None = None
     pp: int | None = None
     cp: int | None = None

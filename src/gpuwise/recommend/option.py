@@ -16,6 +16,7 @@ from gpuwise.recommend.prices import Costs
 from gpuwise.recommend.request import Constraints, Goal, SortKey, Traffic
 
 if TYPE_CHECKING:  # loads torch
+    from gpuwise.planning.cost.kv_cache import SequenceKV
     from gpuwise.planning.experts import Experts
 
 
@@ -88,6 +89,11 @@ class ServingOption(Option):
     replicas: int | None = None
     decode_batch: int | None = None  # sequences a replica decodes in one step (a decoder)
     weight_bytes_read: float | None = None  # by one GPU in that step: all its weights, a MoE's experts touched
+    # one sequence's KV cache at the full context on one GPU of the replica (kv_cache.SequenceKV.per_gpu)
+    kv_bytes_per_seq: float | None = None
+    # the vllm serve flags that run this row (a decoder): --max-model-len, --gpu-memory-utilization, --max-num-seqs,
+    # --tensor-parallel-size, --kv-cache-dtype and the weights' --quantization (or --dtype)
+    vllm_args: tuple[str, ...] | None = None
 
     @property
     def gpus_total(self) -> int:
@@ -114,6 +120,7 @@ class Recommendation:
     # (training: the captured step's, as plan reports it; serving: serving.UNIFORM_ROUTING)
     experts: Experts | None = None
     routing: str | None = None
+    kv: SequenceKV | None = None  # serving a decoder: one sequence's KV cache at the full context, and its basis
 
     @property
     def best(self) -> Option | None:

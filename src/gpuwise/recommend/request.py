@@ -14,13 +14,17 @@ from typing import Any, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS
-from gpuwise.planning.setup import Setup, Weights
+from gpuwise.planning.setup import KvDtype, Setup, Weights
 from gpuwise.recommend.prices import Price
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # serving.WEIGHT_BYTES' keys, named without importing it (it loads torch): plan's formats, fp32 and llama.cpp's Q4_K_M
 SERVED_WEIGHTS = ("fp32", *get_args(Weights), "q4_k_m")
 Mode = Literal["rent", "buy"]
+# vLLM's defaults for vllm serve (docs.vllm.ai engine args, CacheConfig and SchedulerConfig, v0.9-0.10): 90% of each
+# GPU's memory for weights, activations and the KV cache; at most 256 sequences in a batch
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+VLLM_MAX_NUM_SEQS = 256
 SortKey = Literal["time", "cost", "energy"]
 
 
@@ -51,7 +55,9 @@ class Goal:
 @dataclass(frozen=True, kw_only=True)
 class Traffic:
     """Serving: requests of ``prompt_tokens`` in and ``output_tokens`` out, ``concurrency`` users at once (or an
-    aggregate ``tokens_per_s`` of output), within optional latency targets, with weights stored as ``weights``."""
+    aggregate ``tokens_per_s`` of output), within optional latency targets, with weights stored as ``weights``; and
+    the engine's settings in vLLM's terms (``max_model_len``, ``max_num_seqs``, ``tensor_parallel``,
+    ``gpu_memory_utilization``, ``kv_dtype``), vLLM's defaults where not given."""
 
     prompt_tokens: int = 512
     output_tokens: int = 256
@@ -60,6 +66,11 @@ class Traffic:
     ttft_s: float | None = None  # time to first token
     tpot_s: float | None = None  # time per output token
     weights: str = "bf16"  # weight-only format: fp32, fp16, bf16, fp8, int8, int4, nf4
+    kv_dtype: str | None = None  # the KV cache's storage (setup.KvDtype); None: the model's dtype, vLLM's auto
+    max_model_len: int | None = None  # the context a replica holds a sequence at; None: prompt + output tokens
+    max_num_seqs: int = VLLM_MAX_NUM_SEQS  # the most sequences a replica decodes at once
+    tensor_parallel: int | None = None  # GPUs a replica (vLLM's --tensor-parallel-size); None: each of 1, 2, 4, 8
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION  # the share of each GPU's memory the engine may use
 
     def __post_init__(self) -> None:
         for name, value, limit in (("--prompt-tokens", self.prompt_tokens, 1 << 24),
@@ -74,11 +85,27 @@ class Traffic:
         if self.weights not in SERVED_WEIGHTS:
             raise GpuwiseError(f"--weights {self.weights!r} is not one of {', '.join(SERVED_WEIGHTS)}",
                                "pass --weights int4 (GPTQ/AWQ) or --weights bf16")
+        if self.kv_dtype is not None and self.kv_dtype not in get_args(KvDtype):
+            raise GpuwiseError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(get_args(KvDtype))}",
+                               "pass --kv-dtype fp8 (half a 16-bit cache), or drop it for the model's dtype")
+        for name, value in (("--max-num-seqs", self.max_num_seqs), ("--max-model-len", self.max_model_len),
+                            ("--tensor-parallel-size", self.tensor_parallel)):
+            if value is not None and not 1 <= value <= 1 << 24:
+                raise GpuwiseError(f"{name} {value} is outside 1..{1 << 24}", f"pass e.g. {name} 8")
+        if self.max_model_len is not None and self.max_model_len < self.prompt_tokens + self.output_tokens:
+            raise GpuwiseError(f"--max-model-len {self.max_model_len} is shorter than --prompt-tokens "
+                               f"{self.prompt_tokens} + --output-tokens {self.output_tokens}",
+                               f"pass --max-model-len {self.prompt_tokens + self.output_tokens} or more, or fewer "
+                               "tokens a request")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not (math.isfinite(u) and 0 < u <= 1):
+            raise GpuwiseError(f"--gpu-memory-utilization {u} is outside (0, 1]",
+                               f"pass a share of each GPU's memory, e.g. {VLLM_GPU_MEMORY_UTILIZATION} (vLLM's)")
 
     @property
     def context(self) -> int:
-        """Tokens a sequence holds in its KV cache at the end."""
-        return self.prompt_tokens + self.output_tokens
+        """Tokens a sequence may hold in its KV cache: --max-model-len, else a request's at its end."""
+        return self.max_model_len or self.prompt_tokens + self.output_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +122,8 @@ class Constraints:
     ecosystem: str | None = None  # "cuda": leave out stacks that need a port
     rent: Mapping[str, Price] = field(default_factory=dict)  # catalog key -> USD per GPU-hour (the user's quotes)
     buy: Mapping[str, Price] = field(default_factory=dict)  # catalog key -> USD per GPU
+    rent_kind: str = "on-demand"  # or "spot": which of the price snapshot's offers a GPU rents at (prices.KINDS)
+    provider: str | None = None  # the snapshot's cloud to rent from (None: the cheapest offer of any)
 
     def __post_init__(self) -> None:
         if self.mode not in ("rent", "buy"):
@@ -110,6 +139,9 @@ class Constraints:
             raise GpuwiseError(f"unknown --vendor {bad[0]!r}", f"use one of {', '.join(VENDORS)}")
         if self.ecosystem is not None and self.ecosystem not in ECOSYSTEMS:
             raise GpuwiseError(f"unknown --ecosystem {self.ecosystem!r}", f"use one of {', '.join(ECOSYSTEMS)}")
+        from gpuwise.recommend.prices import check_offer_filter
+
+        check_offer_filter(kind=self.rent_kind, provider=self.provider)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -267,7 +267,8 @@ def _priced(acc: Accelerator, n: int, run: Setup, base: Setup, t: StepTime, goal
         gpu=acc.key, name=acc.name, count=n, fits=True, setup=run, flags=setup_flags(asked, base),
         step_time_s=t.seconds, throughput=throughput, mfu=t.mfu, time_to_goal_s=None if hours is None else hours * 3600,
         basis=t.basis, phases_s=t.phases_s, families_s=t.families_s, step_time_error=t.error,
-        **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy).figures())
+        **costs(acc, gpus=n, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy, kind=c.rent_kind,
+              provider=c.provider).figures())
 
 
 def training_cost(c: Constraints) -> Callable[[Option], float]:

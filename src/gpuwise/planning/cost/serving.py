@@ -98,6 +98,8 @@ class DecodeRead:
     context: int  # tokens cached before the step
     batch: int  # sequences, one new token each
     weights: str | None = None  # --weights: int8 and fp8 multiply at their own rate (W8A8)
+    # one sequence's cache (context + 1 tokens): THE figure recommend --serve sizes its concurrency with (kv_cache.py)
+    kv_bytes_per_seq: int = 0
 
     @property
     def bytes_read(self) -> int:
@@ -116,9 +118,10 @@ class DecodeRead:
             experts, top_k = w.routed
             untouched = experts - experts_touched(experts, top_k, b)  # expected, of each layer's E
             unread += int(w.expert_bytes * untouched / experts)
-        return cls(weight_bytes=weights - unread, weights=step.setup.weights,
-                   kv_cache_bytes=int(at[CATEGORIES.index("kv_cache")]), flops=step.workload.flops_per_step,
-                   context=step.setup.context or 0, batch=step.setup.micro_batch)
+        kv = int(at[CATEGORIES.index("kv_cache")])
+        return cls(weight_bytes=weights - unread, weights=step.setup.weights, kv_cache_bytes=kv,
+                   flops=step.workload.flops_per_step, context=step.setup.context or 0, batch=b,
+                   kv_bytes_per_seq=kv // b)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,11 +249,13 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
                 active_params: float | None = None, experts: int | None = None, top_k: int | None = None,
                 heads: int | None = None, weight_bytes: float | None = None,
                 quant: str = "bf16", kv_bytes: float = 2, batch: int = 1, context: int = 1024,
-                prompt_tokens: int = 0, calibration: Calibration | None = None, kv_latent: int = 0
-                ) -> DecodeTime | None:
+                prompt_tokens: int = 0, calibration: Calibration | None = None, kv_latent: int = 0,
+                kv_bytes_per_seq: float | None = None) -> DecodeTime | None:
     """Decode speed of one replica on ``acc``. ``weight_bytes`` (a checkpoint's size) wins over ``params`` x the
     quantisation's bytes; ``heads`` the query heads (default kv_heads); ``kv_latent`` a multi-head latent attention
-    cache's elements per token per layer (kv_bytes_per_token). None: the GPU has no bandwidth figure.
+    cache's elements per token per layer (kv_bytes_per_token); ``kv_bytes_per_seq`` (kv_cache.sequence_kv: the
+    model's captured cache at ``context``, this GPU's share) replaces that formula. None: the GPU has no bandwidth
+    figure.
 
     A mixture of experts: ``active_params`` (per token), with ``experts`` and ``top_k`` (E routed experts a MoE
     layer, k a token). A step at batch B then reads ``moe_weights_read`` of the parameters (the active ones at
@@ -276,6 +281,7 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     weights = params * bytes_per_weight(quant) if weight_bytes is None else weight_bytes
     _positive(weight_bytes=weights)
     kv = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes, latent=kv_latent)
+    seq_kv = kv * context if kv_bytes_per_seq is None else kv_bytes_per_seq
     measured_bw = calibration.gbps if calibration is not None else None
     gbps = measured_bw or acc.memory_bandwidth_gbps
     if not gbps:
@@ -302,7 +308,7 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
     if rate:
         # prefill: 2 N per token plus causal attention, 2 x layers x d x P^2; never faster than reading the weights
         prefill_s = (2 * active * prompt_tokens + 2 * layers * attn_dim * prompt_tokens ** 2) / rate
-    roof, bound = roofline(bytes_read=step_weights + batch * kv * context,
+    roof, bound = roofline(bytes_read=step_weights + batch * seq_kv,
                            flops=2 * active * batch + 4 * layers * attn_dim * context * batch,
                            bytes_per_s=eta_bw * gbps * 1e9, flops_per_s=rate)
     step = roof + fit.fixed_s
@@ -314,7 +320,8 @@ def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, 
                f"experts a MoE layer at batch {batch}, uniform routing)")
     basis = (f"{cls} {gbps:g} GB/s {'measured' if measured_bw else 'datasheet'} x{eta_bw:.2f} "
              f"+ {fit.fixed_s * 1e3:.1f} ms/token ({fit.source}); weights {step_weights / 2**30:.2f} GiB read "
-             f"per step{moe}, KV {kv:,} B/token")
+             f"per step{moe}, KV {seq_kv / context:,.0f} B/token"
+             + (" (captured)" if kv_bytes_per_seq is not None else ""))
     if tflops:
         basis += f" · {key} {tflops:g} TFLOPS x{eta_c:.2f} ({mm.source})"
     return DecodeTime(seconds_per_token=step, tokens_per_s_per_user=1 / step, tokens_per_s=batch / step, ttft_s=ttft,
