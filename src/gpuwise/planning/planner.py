@@ -18,6 +18,7 @@ from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.capture.tracker import CATEGORIES
 from gpuwise.planning.capture.workload import Workload, simulate_if_applicable
 from gpuwise.planning.cost.comm import expert_parallel
+from gpuwise.planning.cost.kv_cache import stored_as
 from gpuwise.planning.cost.serving import DecodeRead
 from gpuwise.planning.experts import Experts
 from gpuwise.planning.fit import OVERHEAD_BYTES, TIGHT_FRACTION, GpuFit, fit_on
@@ -26,7 +27,8 @@ from gpuwise.planning.parallel.layout import Layout, layout, stage_layers
 from gpuwise.planning.parallel.sharding import PerGpu, capture_setup, per_gpu
 from gpuwise.planning.remedies import Remedy, remedies
 from gpuwise.planning.setup import Setup
-from gpuwise.planning.sources.resolve import resolve_source
+from gpuwise.planning.sources.checkpoint import stored_weights
+from gpuwise.planning.sources.resolve import Model, as_source, resolve_source
 from gpuwise.planning.transforms.quantize import experts_note
 
 __all__ = ["OVERHEAD_BYTES", "TIGHT_FRACTION", "GpuFit", "MemoryPlan", "Remedy", "plan", "plan_model"]
@@ -84,7 +86,8 @@ class Planner:
         """The capture of ``setup`` (one GPU: sharding applies after it), with the attention its step runs
         (``resolved_attention``: one capture whether or not the caller resolved it); NotApplicable if the model cannot
         take it."""
-        key = capture_setup(resolved_attention(self.source, setup))
+        # one capture whatever --kv-dtype stores the cache in (kv_cache.stored_as scales it after)
+        key = replace(capture_setup(resolved_attention(self.source, setup)), kv_dtype=None)
         hit = self._workloads.get((key, True)) or (None if batch_model else self._workloads.get((key, False)))
         if hit is None:
             hit = self._workloads[key, batch_model] = simulate_if_applicable(self.source, key, batch_model=batch_model)
@@ -100,7 +103,8 @@ class Planner:
                 hit = max((self.per_gpu(replace(setup, stage=i), batch_model=batch_model) for i in (0, setup.pp - 1)),
                           key=lambda step: step.peak_bytes)
             else:
-                hit = per_gpu(self.workload(setup, batch_model=batch_model), setup)
+                plain = replace(setup, kv_dtype=None)
+                hit = stored_as(per_gpu(self.workload(plain, batch_model=batch_model), plain), setup)
             self._per_gpu[setup] = hit
         return hit
 
@@ -161,7 +165,11 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
     the step's time there (``GpuFit.step``: cost/step.py's StepTime, the figure recommend ranks by).
 
     ``max_batch`` and the remedies are for ``gpu``, else ``primary`` (this machine's GPU, say), else the H100 SXM.
+    ``source`` is a source (sources/), or a zoo name or a model factory: ``plan(lambda: MyNet(), Setup())``.
     """
+    source = as_source(source)  # a name or a model factory (Python API) is resolved here
+    # a checkpoint's stored weight format is the default --weights (sources/checkpoint.py)
+    setup, stored = stored_weights(source.name, getattr(source, "checkpoint", None), setup)
     catalog = catalog or load_catalog()
     primary_acc = catalog.get(gpu or primary or DEFAULT_GPU)
     if setup.spec.float8 and gpu and not primary_acc.fp8:
@@ -202,7 +210,7 @@ def plan(source, setup: Setup, *, gpu: str | None = None, primary: str | None = 
         timeline=live, timeline_phases=tuple(ph for ph, _ in tl.labels),
         decode=DecodeRead.of(step) if setup.task == "decode" else None,
         experts=experts, routing=routing_assumption(w, experts, setup),
-        notes=tuple(n for n in (experts_note(setup, experts),) if n),
+        notes=tuple(n for n in (experts_note(setup, experts), stored) if n),
         all_to_all=a2a,
     )
 
@@ -253,20 +261,25 @@ def _all_to_all(step: PerGpu, experts: Experts | None, n_layer: int | None, acc=
     return replace(a2a, seconds=timed.exposed_s, link=timed.basis)
 
 
-def plan_model(model: str | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,
+def plan_model(model: Model | None, setup: Setup, *, hf_config: str | None = None, gpu: str | None = None,
                primary: str | None = None, catalog: Catalog | None = None,
                calibrations: dict[str, Calibration] | None = None) -> MemoryPlan:
-    """``plan`` for ``--model NAME``, ``--model file.py:function`` or ``--hf-config PATH``."""
+    """``plan`` for ``--model NAME``, ``--model file.py:function``, a model factory, or ``--hf-config PATH_OR_ID``."""
     return plan(resolve_source(model, hf_config), setup, gpu=gpu, primary=primary, catalog=catalog,
                 calibrations=calibrations)
 
 
-def plan_here(model: str | None, setup: Setup, *, environ: Mapping[str, str], hf_config: str | None = None,
+def plan_here(model: Model | None, setup: Setup, *, environ: Mapping[str, str], hf_config: str | None = None,
               gpu: str | None = None, device: str | None = None) -> MemoryPlan:
-    """``gpuwise plan``: ``plan_model`` with this machine's context. Without ``gpu`` the max batch and remedies
-    are for ``device`` (else the default device) when the catalog knows it; stored calibrations (``gpuwise bench
-    --calibrate``) replace the datasheet's rates for the GPUs they measured."""
-    from gpuwise.hardware.calibration import cache_dir, load_calibrations
+    """``gpuwise plan``: ``plan_model`` with this machine's context (``where``)."""
+    return plan_model(model, setup, hf_config=hf_config, **where(environ, gpu=gpu, device=device))
+
+
+def where(environ: Mapping[str, str], *, gpu: str | None = None, device: str | None = None) -> dict:
+    """The GPUs ``gpuwise plan`` fits on, as ``plan``'s keywords: ``gpu``, else (``primary``) ``device``'s (else the
+    default device's) when the catalog knows it; stored calibrations (``gpuwise bench --calibrate``) replace the
+    datasheet's rates for the GPUs they measured. The one decision plan and ``plan --solve`` (solve.py) share."""
+    from gpuwise.hardware.calibration import stored_calibrations
     from gpuwise.hardware.device import local_machine, resolve_device
 
     primary = None
@@ -276,5 +289,4 @@ def plan_here(model: str | None, setup: Setup, *, environ: Mapping[str, str], hf
     elif device is not None:
         raise GpuwiseError("--gpu names a catalog GPU and --device this machine's: give one",
                            f"drop --device, or drop --gpu {gpu}")
-    return plan_model(model, setup, hf_config=hf_config, gpu=gpu, primary=primary,
-                      calibrations=load_calibrations(cache_dir(environ)))
+    return {"gpu": gpu, "primary": primary, "calibrations": stored_calibrations(environ)}
