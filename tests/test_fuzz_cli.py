@@ -149,7 +149,7 @@ def test_plan_refuses_bad_values(files, data):
         _one_of_flags({"--attention": _not_in(["sdpa", "eager", "flash", "flex", "gpuwise"]),
                        "--weights": _not_in(["bf16", "fp16", "fp8", "int8", "int4", "nf4"]),
                        "--gpu": _NOT_GPU, "--model": _NOT_MODEL | _paths(files),
-                       "--plot": _WORDS.filter(lambda w: not w.lower().endswith(".png"))}),
+                       "--plot": _WORDS.filter(lambda w: not w.lower().endswith((".png", ".svg")))}),
         st.sampled_from([["--list-models", "--model=gpt2"], ["--task=infer", "--optimizer=sgd"],
                          ["--qlora"], ["--lora-rank=8"], ["--task=infer", "--checkpointing=full"],
                          ["--gpus=4", "--tp=3"], ["--batch=7", "--micro-batch=2"], ["--sharding=fsdp"],
@@ -220,7 +220,7 @@ def test_recommend_refuses_bad_values(files, data):
                        | st.sampled_from(["", ",", " , "]), "--model": _NOT_MODEL | _paths(files),
                        "--prices": st.sampled_from([str(files / "missing.csv"), str(files / "folder"),
                                                     str(files / "empty.csv"), str(files / "bad.json")]),
-                       "--plot": _WORDS.filter(lambda w: not w.lower().endswith(".png"))}),
+                       "--plot": _WORDS.filter(lambda w: not w.lower().endswith((".png", ".svg")))}),
         st.sampled_from([["--serve", f"{f}={v}"] for f, v in (("--prompt-tokens", "0"), ("--output-tokens", "-1"),
                                                               ("--concurrency", "0"), ("--ttft-ms", "nan"),
                                                               ("--tpot-ms", "-5"), ("--tokens-per-s", "inf"),
@@ -271,7 +271,7 @@ def test_bench_refuses_bad_values(files, data):
 
     bad = data.draw(st.one_of(
         _one_of_flags({"--ops": listed(OPS), "--dtype": listed(DTYPES),
-                       "--plot": _WORDS.filter(lambda w: not w.lower().endswith(".png")),
+                       "--plot": _WORDS.filter(lambda w: not w.lower().endswith((".png", ".svg"))),
                        "--device": st.sampled_from(["cpu:3", "tpu", "", "cuda:x", "gpu"])}),
         st.sampled_from([[f"--compare={files / 'missing.json'}", f"--compare={files / 'folder'}"],
                          ["--compare=a.json", "--compare=b.json", "--quick"], ["--compare=a", "--compare=b",
@@ -289,7 +289,7 @@ def test_watch_refuses_bad_values(files, data):
     bad = data.draw(st.one_of(
         _one_of_flags({"--interval": st.sampled_from(["0", "-1", "nan", "0.001", "-inf"]) | _NOT_FLOAT,
                        "--pid": _NOT_POSITIVE | _NOT_INT}).map(lambda a: [*a, "--", "true"]),
-        _one_of_flags({"--plot": _WORDS.filter(lambda w: not w.lower().endswith(".png")) | st.sampled_from(
+        _one_of_flags({"--plot": _WORDS.filter(lambda w: not w.lower().endswith((".png", ".svg"))) | st.sampled_from(
             [str(files / "missing" / "t.png")])}).map(lambda a: [*a, "--", "true"]),
         st.sampled_from([[], ["--pid=1", "--", "true"], ["--pid=999999999"], ["--", str(files / "missing")],
                          [f"--log={files / 'missing' / 'x.jsonl'}", "--", "true"]]),

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from conftest import run_cli
+from gpuwise.render import SCHEMA_VERSION
 from gpuwise.render._common import print_json, to_jsonable
 
 
@@ -39,3 +41,14 @@ def test_non_finite_figures_are_null_wherever_they_sit(bad, capsys):
     assert got == {"inner": {"rate": None, "fine": 1.5}, "many": [None, 2.0, [{"rate": None, "fine": 1.5}]],
                    "named": {"x": None, "y": 3}}
     assert to_jsonable(True) is True and to_jsonable(7) == 7  # bools and ints are not floats to clean
+
+
+@pytest.mark.parametrize("argv, key", [(["gpus"], "accelerators"), (["gpus", "h100"], "accelerators"),
+                                       (["gpus", "--local"], "devices"), (["doctor"], "findings"),
+                                       (["plan", "--list-models"], "models"), (["plan", "--model", "mlp"], "gpus")])
+def test_every_command_prints_one_object_with_its_schema_version_first(capsys, argv, key):
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code in (0, 1), err  # doctor exits 1 when a check fails
+    data = _strict(out)
+    assert isinstance(data, dict) and next(iter(data)) == "schema_version" and data["schema_version"] == SCHEMA_VERSION
+    assert isinstance(data[key], list) and data[key]

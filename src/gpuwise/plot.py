@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -11,12 +13,61 @@ from gpuwise.files import atomic_path
 from gpuwise.units import GiB
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from gpuwise.bench.run import BenchReport
     from gpuwise.planning.planner import MemoryPlan
     from gpuwise.recommend.option import Recommendation
 
 _COLORS = {"weights": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52",
            "temporaries": "#8172b3", "inputs": "#937860", "kv_cache": "#da8bc3"}
+FORMATS = (".png", ".svg")  # what --plot draws, by the file's suffix
+
+
+def save(fig: Figure, path: str | os.PathLike) -> None:
+    """Write ``fig`` as a PNG or an SVG, by the suffix of ``path`` (atomically), and free it."""
+    import matplotlib.pyplot as plt
+
+    kind = "svg" if os.fspath(path).lower().endswith(".svg") else "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=kind)
+    plt.close(fig)
+
+
+def plain(x: float) -> str:
+    """A tick value as people write it, three significant figures and no exponent: 0.003, 0.3, 12, 1,500."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    text = f"{x:,.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def hours(h: float) -> str:
+    """A duration given in hours, in the unit that reads best: "40 s", "20 min", "3 h", "1,200 h"."""
+    if h < 1 / 60:
+        return f"{plain(h * 3600)} s"
+    return f"{plain(h * 60)} min" if h < 1 else f"{plain(h)} h"
+
+
+def dollars(usd: float) -> str:
+    """ "$0.3", "$12", "$1,500", "$25k", "$3M"."""
+    if usd >= 1e6:
+        return f"${plain(usd / 1e6)}M"
+    return f"${plain(usd / 1e3)}k" if usd >= 1e4 else f"${plain(usd)}"
+
+
+def _log_ticks(ax_axis, text: Callable[[float], str]) -> None:
+    """Label a log axis in plain numbers with their unit (``text``): matplotlib's own choice of which ticks carry a
+    label, without its "3×10⁻¹"."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return text(x)
+
+    ax_axis.set_major_formatter(Plain(labelOnlyBase=False))
+    ax_axis.set_minor_formatter(Plain(labelOnlyBase=False))
 
 
 def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
@@ -53,9 +104,7 @@ def plot_plan(plan: MemoryPlan, path: str | os.PathLike) -> None:
     ax.legend(loc="upper left", fontsize=8)
     ax.margins(x=0)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_bench(report: BenchReport, path: str | os.PathLike) -> None:
@@ -105,17 +154,23 @@ def plot_roofline(results, path: str | os.PathLike, *, title: str, ceilings: dic
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte)")
     ax.set_ylabel("achieved TFLOPS")
+    _log_ticks(ax.xaxis, plain)
+    _log_ticks(ax.yaxis, plain)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save(fig, path)
 
 
 
 def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
     """Time to the goal against its cost, one point per GPU and count, the Pareto front joined and labelled."""
+    save(recommend_figure(rec), path)
+
+
+def recommend_figure(rec: Recommendation) -> Figure:
+    """The figure ``plot_recommend`` draws: both axes logarithmic, labelled in plain numbers with their units
+    ("20 min", "3 h", "$12")."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,18 +207,20 @@ def plot_recommend(rec: Recommendation, path: str | os.PathLike) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     if serving:
-        ax.set_xlabel("ms per output token" if rec.unit == "tokens" else "ms per batch")
-        ax.set_ylabel("rent of every replica (USD per hour)" if rent else "purchase price of the GPUs (USD)")
+        ax.set_xlabel("time per output token" if rec.unit == "tokens" else "time per batch")
+        ax.set_ylabel("rent of every replica per hour" if rent else "purchase price of the GPUs")
+        _log_ticks(ax.xaxis, lambda ms: f"{plain(ms)} ms")
+        _log_ticks(ax.yaxis, (lambda usd: dollars(usd) + "/h") if rent else dollars)
     else:
-        ax.set_xlabel(f"hours to {rec.goal.amount:.3g} {rec.unit}")
-        ax.set_ylabel("rent for the job (USD)" if rent else "purchase price of the GPUs (USD)")
+        ax.set_xlabel(f"time to {plain(rec.goal.amount)} {rec.unit}")
+        ax.set_ylabel("rent for the job" if rent else "purchase price of the GPUs")
+        _log_ticks(ax.xaxis, hours)
+        _log_ticks(ax.yaxis, dollars)
     what = "serving" if serving else f"{rec.setup.task}, global batch {rec.setup.batch}"
     ax.set_title(f"{rec.model}: {what} (line: Pareto front)", fontsize=10)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    return fig
 
 
 def plot_watch(result, path: str | os.PathLike) -> None:
@@ -259,6 +316,4 @@ def plot_watch(result, path: str | os.PathLike) -> None:
         title += " (no GPU counters: the CPU side)"
     axes[0, 0].set_title(title, fontsize=9)  # two lines: the command, then the verdict, within the figure
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    save(fig, path)

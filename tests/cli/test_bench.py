@@ -17,7 +17,7 @@ run = run_cli
 def test_bench_json_has_the_documented_keys(capsys):
     code, out, err = run(capsys, *FAST, "--json")
     assert code == 0, err
-    rows = json.loads(out)
+    rows = json.loads(out)["results"]
     assert {r["op"] for r in rows} == {"gemm", "copy"}
     for r in rows:
         assert {"op", "dtype", "shape", "device", "median_s", "tflops", "gbps", "peak_memory_bytes"} <= set(r)
@@ -43,12 +43,13 @@ def test_table_save_compare_and_plot(capsys, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert json.loads(saved.read_text())["results"]
     code, out, _ = run(capsys, "bench", "--compare", str(saved), "--compare", str(saved), "--json")
-    pairs = json.loads(out)
+    pairs = json.loads(out)["pairs"]
     assert code == 0 and len(pairs) == 4 and all(p["speedup"] == 1.0 for p in pairs)
 
 
 def test_calibration_is_only_for_catalog_gpus(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     code, _, err = run(capsys, *FAST, "--calibrate")
     assert code == 0 and "calibration not stored: plans are for catalog GPUs and cpu matches none" in err
     assert not (tmp_path / "gpuwise").exists()
@@ -89,7 +90,7 @@ def test_every_gpu_case_has_a_dtype_it_can_build():
     (["--ops", "gemm,fft"], "--ops 'gemm,fft': fft not one of"),
     (["--dtype", "int4"], "--dtype 'int4': int4 not one of"),
     (["--device", "xla"], "not a device gpuwise can time"),
-    (["--plot", "r.svg"], "the picture is a PNG"),
+    (["--plot", "r.jpg"], "the picture is a PNG"),
     (["--compare", "missing.json"], "no such file: missing.json"),
     (["--calibrate", "--ops", "gemm"], "--calibrate stores GEMM and copy rates"),
     (["--device", "foo"], "--device 'foo' is not a device name"),
@@ -111,7 +112,8 @@ def test_bad_input(capsys, tmp_path, args, message):
 def test_plans_use_calibrated_rates_and_say_so(capsys, tmp_path, monkeypatch):
     from gpuwise.hardware.catalog import load_catalog
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the file below is where earlier versions kept it
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # empty: the old one is still read
     args = ["plan", "--model", "gpt2", "--seq", "128", "--gpu", "h100", "--json"]
     code, out, _ = run(capsys, *args)
     before = json.loads(out)
@@ -163,6 +165,7 @@ def test_cuda_1_uses_gpu_1s_catalog_row(capsys, tmp_path, monkeypatch):
     from gpuwise.hardware.catalog import load_catalog
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.setattr(devices, "local_machine", lambda environ: _two_gpu_machine())
     handles = []
     monkeypatch.setattr(suite, "device_for", lambda name: handles.append(name) or devices.CpuDevice(name=name))
@@ -181,7 +184,7 @@ def test_cuda_1_uses_gpu_1s_catalog_row(capsys, tmp_path, monkeypatch):
     assert code == 0, err
     assert handles[0] == "cuda:1"
     a100, h100 = load_catalog().get("a100-80gb-sxm"), load_catalog().get("h100-sxm")
-    rows = json.loads(out)
+    rows = json.loads(out)["results"]
     gemm = next(r for r in rows if r["op"] == "gemm" and r["dims"] == {"m": 2048, "n": 2048, "k": 2048})
     assert gemm["device"] == "cuda:1" and gemm["tflops"] == pytest.approx(2 * 2048**3 / 1e-3 / 1e12)
     assert gemm["pct_of_peak"] == pytest.approx(100 * gemm["tflops"] / a100.peak_tflops.bf16)  # not the H100's
@@ -193,8 +196,8 @@ def test_cuda_1_uses_gpu_1s_catalog_row(capsys, tmp_path, monkeypatch):
     cal = load_calibrations(tmp_path / "gpuwise")
     assert set(cal) == {"a100-80gb-sxm"} and cal["a100-80gb-sxm"].tflops["bf16"] == pytest.approx(gemm["tflops"])
     code, out, err = run(capsys, "bench", "--device", "cuda", "--quick", "--ops", "gemm", "--dtype", "bf16", "--json")
-    assert code == 0 and json.loads(out)[0]["pct_of_peak"] == pytest.approx(
-        100 * json.loads(out)[0]["tflops"] / h100.peak_tflops.bf16)  # the default GPU is GPU 0, the H100
+    assert code == 0 and json.loads(out)["results"][0]["pct_of_peak"] == pytest.approx(
+        100 * json.loads(out)["results"][0]["tflops"] / h100.peak_tflops.bf16)  # the default GPU is GPU 0, the H100
     code, _, err = run(capsys, "bench", "--device", "cuda:2", "--quick")
     assert code == 2 and "there are 2 CUDA GPUs" in err
 
@@ -222,7 +225,7 @@ def test_a_file_saved_before_dims_existed_still_compares(capsys, tmp_path):
     """Files from the version before dims (a shape label and no dims, GEMM bytes null) load and compare."""
     code, out, err = run(capsys, *FAST, "--json")
     assert code == 0, err
-    rows = json.loads(out)
+    rows = json.loads(out)["results"]
     old = [{k: v for k, v in r.items() if k != "dims"} | ({"bytes": None} if r["op"] == "gemm" else {})
            for r in rows]
     (tmp_path / "old.json").write_text(json.dumps({"gpuwise_bench": 1, "machine": {"device": "cpu (old)"},
@@ -231,7 +234,7 @@ def test_a_file_saved_before_dims_existed_still_compares(capsys, tmp_path):
     code, out, err = run(capsys, "bench", "--compare", str(tmp_path / "old.json"), "--compare",
                          str(tmp_path / "new.json"), "--json")
     assert code == 0, err
-    pairs = json.loads(out)
+    pairs = json.loads(out)["pairs"]
     assert len(pairs) == len(rows) and all(p["speedup"] == 1.0 for p in pairs)
     code, out, err = run(capsys, "bench", "--compare", str(tmp_path / "old.json"), "--compare",
                          str(tmp_path / "new.json"))
@@ -272,7 +275,7 @@ def test_an_unwritable_or_damaged_calibration_cache_is_one_line_or_replaced(tmp_
     with pytest.raises(GpuwiseError, match=r"cannot store the calibration in .*cache/gpuwise/calibration.json: "
                                            r"Not a directory") as caught:
         save_calibration(cal, tmp_path / "cache" / "gpuwise")
-    assert "XDG_CACHE_HOME" in caught.value.hint
+    assert "XDG_DATA_HOME" in caught.value.hint
     (tmp_path / "a" / "calibration.json").mkdir(parents=True)
     with pytest.raises(GpuwiseError, match=r"cannot store the calibration in .*: cannot write .*: it is a folder"):
         save_calibration(cal, tmp_path / "a")

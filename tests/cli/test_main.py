@@ -39,7 +39,7 @@ def test_every_command_and_output_mode_runs(capsys, args):
 def test_gpus_json_lists_the_whole_catalog_with_the_documented_keys(capsys):
     code, out, _ = run(capsys, "gpus", "--json")
     assert code == 0
-    rows = json.loads(out)
+    rows = json.loads(out)["accelerators"]
     raw = tomllib.loads(resources.files("gpuwise.hardware").joinpath("catalog.toml").read_text("utf-8"))
     assert [r["key"] for r in rows] == [r["key"] for r in raw["accelerator"]]
     for row in rows:
@@ -54,14 +54,14 @@ def test_gpus_filters_agree_with_the_raw_data(capsys):
     raw = tomllib.loads(resources.files("gpuwise.hardware").joinpath("catalog.toml").read_text("utf-8"))
     expected = [r["key"] for r in raw["accelerator"]
                 if r["segment"] == "consumer" and r["memory_gib"] * GiB >= 24 * GB]
-    assert [r["key"] for r in json.loads(out)] == expected
+    assert [r["key"] for r in json.loads(out)["accelerators"]] == expected
     assert "rtx-4090" in expected and "rtx-4060-ti-16gb" not in expected
 
 
 def test_gpus_one_row(capsys):
     code, out, _ = run(capsys, "gpus", "RTX 4090", "--json")
     assert code == 0
-    (row,) = json.loads(out)
+    (row,) = json.loads(out)["accelerators"]
     assert row["key"] == "rtx-4090" and row["peak_tflops"]["bf16"] == 165.2
 
 
@@ -75,7 +75,7 @@ def test_gpus_local_json(capsys):
 
 def test_doctor_json_findings(capsys):
     code, out, _ = run(capsys, "doctor", "--json")
-    findings = json.loads(out)
+    findings = json.loads(out)["findings"]
     assert findings and all(set(f) == {"check", "status", "message", "fix"} for f in findings)
     assert all(f["status"] in ("ok", "warn", "fail") for f in findings)
     assert code == (1 if any(f["status"] == "fail" for f in findings) else 0)
@@ -86,7 +86,7 @@ def test_doctor_exits_1_when_a_check_fails(capsys, monkeypatch):
     code, out, _ = run(capsys, "doctor")
     assert code == 1 and "FAIL" in out
     code, out, _ = run(capsys, "doctor", "--json")
-    failed = [f for f in json.loads(out) if f["status"] == "fail"]
+    failed = [f for f in json.loads(out)["findings"] if f["status"] == "fail"]
     assert code == 1 and [f["check"] for f in failed] == ["driver"] and "too old" in failed[0]["message"]
 
 
@@ -122,7 +122,7 @@ def test_bare_command_prints_help_and_exits_0(capsys):
 
 def test_segment_and_vendor_ignore_case(capsys):
     code, out, _ = run(capsys, "gpus", "--segment", "Consumer", "--vendor", "nvidia", "--json")
-    assert code == 0 and {r["segment"] for r in json.loads(out)} == {"consumer"}
+    assert code == 0 and {r["segment"] for r in json.loads(out)["accelerators"]} == {"consumer"}
 
 
 def test_a_bug_is_one_line_and_exit_3(capsys, monkeypatch):

@@ -38,6 +38,19 @@ def test_tables_never_cut_a_number_at_80_columns(capsys, monkeypatch, argv):
         assert re.search(r"\sstep\s+bound$", out, re.M)  # the modelled step time, and its roofline bound beside it
 
 
+@pytest.mark.parametrize("width", [60, 200])
+def test_the_plans_gpu_table_drops_columns_rather_than_break_a_cell(capsys, monkeypatch, width):
+    """Issue 27: narrower than 80 the fit table leaves columns out and says which; wider it shows them all; never a
+    split key, never a cut figure."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out, _ = _run(capsys, "plan", "--model", "mlp")
+    assert code == 0 and "…" not in out and max(len(line) for line in out.splitlines()) <= width
+    keys = [a.key for a in load_catalog().filter()]
+    assert all(re.search(rf"^{re.escape(k)}\s", out, re.M) for k in keys), out
+    assert ("hidden at 60 columns" in out) == (width == 60)
+    assert bool(re.search(r"\sstep\s+bound$", out, re.M)) == (width == 200)
+
+
 def test_bench_table_keeps_its_numbers_at_80_columns():
     from gpuwise.bench.suite import BenchResult
     from gpuwise.render import render_bench
@@ -139,7 +152,7 @@ def test_the_model_list_needs_no_torch():
     done = subprocess.run([sys.executable, "-c", _NO_TORCH, "plan", "--list-models", "--json"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, (done.returncode, done.stderr)  # 10: listed, but after importing torch
-    listed = json.loads(done.stdout)
+    listed = json.loads(done.stdout)["models"]
     from gpuwise.models import MODELS
 
     assert [m["name"] for m in listed] == list(MODELS) and listed[0]["params"] == MODELS["gpt2"].published_params

@@ -169,7 +169,7 @@ def test_an_op_without_a_formula_is_listed_as_uncosted(capsys, user_file):
     (["--model", "gpt2", "--batch", "0"], "--batch 0 is outside 1.."),
     (["--model", "gpt2", "--precision", "fp4"], "--precision 'fp4' is not one of"),
     (["--model", "gpt2", "--gpu", "h1000"], "h1000"),
-    (["--model", "gpt2", "--plot", "out.svg"], "the picture is a PNG"),
+    (["--model", "gpt2", "--plot", "out.jpg"], "the picture is a PNG"),
     (["--model", "gpt2", "--hf-config", "x.json"], "--model and --hf-config both name a model"),
     ([], "no model to plan"),
     (["--hf-config", "{dir}/nope.json"], "no such file"),

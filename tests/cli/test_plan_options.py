@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,45 @@ def test_plan_tp_2_on_a_gpt2_config(capsys, tmp_path):
 def test_plan_captures_switch_base_8(capsys):
     data = _plan(capsys, "--hf-config", SWITCH, "--task", "infer", "--seq", "128", "--gpu", "h100-sxm")
     assert data["params"] == 619_339_008  # the Hub's 619M (tests/planning/sources/test_switch.py)
+
+
+DECODE_P4 = ["--model", "gpt2", "--task", "decode", "--context", "1000", "--gpu", "p4"]
+
+
+def test_plan_solve_max_batch_json(capsys):
+    """The largest decode batch of GPT-2 on an 8 GiB P4 at 1,000 cached tokens: the KV caches fill it. By hand, each
+    sequence's static cache holds 1,001 tokens x 12 layers x (K, V) x 768 x 2 bytes = 36,900,864 B, in 8 GiB less the
+    544 MiB overhead less 124,439,808 bf16 weights: 210 at most; the logits and temporaries take a little more."""
+    data = _plan(capsys, *DECODE_P4, "--solve", "max-batch")
+    assert next(iter(data)) == "schema_version"  # the plan's JSON document, with the solve object beside its keys
+    solve = data["solve"]
+    v = solve["value"]
+    by_hand = ((8 << 30) - (544 << 20) - 124_439_808 * 2) // (1001 * 12 * 2 * 768 * 2)
+    assert by_hand == 210 and 0.95 * by_hand <= v <= by_hand
+    assert (solve["goal"], solve["flag"], solve["gpu"], solve["bound"]) == ("max-batch", "--micro-batch", "p4", None)
+    assert solve["failing"]["value"] == v + 1 and solve["failing"]["required_bytes"] > solve["memory_bytes"]
+    assert [p["value"] for p in solve["probes"]] == [1, v, v + 1] and solve["captures"] >= 3
+    assert data["setup"]["micro_batch"] == v and data["fits"] and data["gpus"][0]["fits"]  # the plan at the answer
+    code, out, _ = run_cli(capsys, "plan", *DECODE_P4, "--solve", "max-batch")
+    assert code == 0 and out.startswith(f"max micro-batch on p4: {v} ({v + 1} does not fit: ")
+    assert "gpuwise plan: gpt2 · decode" in out  # the usual plan below the answer
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--solve", "min-gpus", "--gpus", "4", "--sharding", "fsdp"], "--solve min-gpus solves --gpus, and --gpus 4"),
+    (["--solve", "max-batch", "--micro-batch", "2"], "drop --micro-batch 2"),
+    (["--solve", "max-context", "--seq", "512"], "drop --seq 512"),
+    (["--solve", "min-gpus", "--task", "infer"], "not --task infer"),
+    (["--solve", "fewest"], "--solve 'fewest' is not one of max-context, max-batch, min-gpus"),
+    (["--model", "resnet50", "--solve", "max-context"], "--solve max-context varies --seq: --seq does not apply"),
+])
+def test_plan_solve_refuses_a_flag_it_solves(capsys, args, says):
+    model = [] if "--model" in args else ["--model", "gpt2"]
+    assert says in _refused(capsys, "plan", *model, *args, "--gpu", "p4")
+
+
+def test_plan_solve_is_refused_before_torch_loads():
+    code = "import sys; from gpuwise.cli import main; sys.exit(main(sys.argv[1:]) + 10 * ('torch' in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code, "plan", "--model", "gpt2", "--solve", "max-batch", "--batch",
+                           "8"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "drop --batch 8" in done.stderr, (done.returncode, done.stderr)

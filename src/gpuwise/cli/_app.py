@@ -18,7 +18,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables (--format json).")]
+FormatOption = Annotated[str | None, typer.Option("--format", help=(
+    "table, json, csv (every column, raw numbers, units in the header: memory_gib) or md (a GitHub Markdown table) "
+    "[table]."))]
 DeviceOption = Annotated[str | None, typer.Option(
     help="cpu, cuda, cuda:N or mps (default: the first GPU torch can use, else mps, else cpu).")]
 
@@ -100,10 +103,22 @@ def _root(
     """gpuwise: GPU answers with measurements instead of folklore."""
 
 
-def check_png(plot: str | None) -> None:
-    """``--plot`` draws PNGs: any other suffix is refused before the work starts."""
+def check_plot(plot: str | None) -> None:
+    """``--plot`` draws a PNG or an SVG, by the file's suffix: any other is refused before the work starts."""
     from gpuwise.errors import GpuwiseError
 
-    if plot is not None and not plot.lower().endswith(".png"):
-        raise GpuwiseError(f"--plot {plot}: the picture is a PNG", f"pass --plot {plot.rsplit('.', 1)[0]}.png")
+    if plot is not None and not plot.lower().endswith((".png", ".svg")):
+        raise GpuwiseError(f"--plot {plot}: the picture is a PNG or an SVG",
+                           f"pass --plot {plot.rsplit('.', 1)[0]}.png or .svg")
 
+
+
+
+def output_format(output: str | None, json_flag: bool) -> str:
+    """The one output format ``--format`` and ``--json`` ask for, checked before any work: "table" without either.
+
+    e.g. ``output_format("csv", False)`` -> "csv"; ``output_format(None, True)`` -> "json"
+    """
+    from gpuwise.render.formats import check_format
+
+    return check_format(output, json_flag)

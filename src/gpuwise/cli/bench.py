@@ -7,9 +7,8 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from gpuwise.cli._app import DeviceOption, JsonFlag, app, check_png
+from gpuwise.cli._app import DeviceOption, FormatOption, JsonFlag, app, check_plot, output_format
 from gpuwise.errors import GpuwiseError
 
 
@@ -27,53 +26,47 @@ def bench(
     dtype: Annotated[str | None, typer.Option("--dtype", help="GEMM dtypes, comma-separated: fp32, tf32, fp16, "
                                                              "bf16, fp8 (default: fp32,bf16; all on a GPU).")] = None,
     device: DeviceOption = None,
-    plot: Annotated[str | None, typer.Option(help="Draw a roofline to this PNG file.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw a roofline to this PNG or SVG file.")] = None,
     save: Annotated[str | None, typer.Option(help="Write the results to this JSON file.")] = None,
     compare: Annotated[list[str] | None, typer.Option(help="A file from --save: compare this run with it; "
                                                            "give it twice to compare two files.")] = None,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Store the measured GEMM and copy rates for "
                                                                 "later plans of this device.")] = False,
     json_out: JsonFlag = False,
+    output: FormatOption = None,
 ) -> None:
     """Time GEMMs, copies, attention backends, conv2d, a transformer block and a training step, honestly.
 
     Examples: gpuwise bench --quick; gpuwise bench --ops gemm --dtype bf16,fp8 --plot roofline.png;
-    gpuwise bench --save h200.json; gpuwise bench --compare h200.json --compare a100.json
+    gpuwise bench --save h200.json; gpuwise bench --compare h200.json --compare a100.json;
+    gpuwise bench --quick --format csv > bench.csv
     """
-    check_png(plot)
+    fmt = output_format(output, json_out)
+    check_plot(plot)
     from gpuwise import render
     from gpuwise.bench.run import BenchOptions, compare_runs, run_bench  # without torch: the options first
 
     options = BenchOptions(quick=quick, ops=_items(ops), dtypes=_items(dtype), device=device, save=save, plot=plot,
                            compare=tuple(compare or ()), calibrate=calibrate)
     if not options.runs:
-        render.emit(compare_runs(*options.compare), json=json_out)
+        render.emit(compare_runs(*options.compare), format=fmt)
         return
-    if options.compare and json_out:
-        raise GpuwiseError("--json prints this run's results; a comparison needs two saved runs",
+    if options.compare and fmt != "table":
+        flag = "--json" if json_out else f"--format {fmt}"
+        raise GpuwiseError(f"{flag} prints this run's results; a comparison needs two saved runs",
                            f"run with --save new.json, then: gpuwise bench --compare {options.compare[0]} "
                            "--compare new.json")
-    from gpuwise.hardware.calibration import cache_dir
+    from gpuwise.hardware.calibration import data_dir
     from gpuwise.hardware.device import local_machine
 
     machine = local_machine(os.environ)
-    progress = None
-    if sys.stderr.isatty() and not json_out:
-        from rich.progress import Progress
-
-        bar = Progress(transient=True, console=Console(stderr=True))
-        task = bar.add_task("bench", total=None)
-        bar.start()
-        progress = lambda text: bar.update(task, description=text)  # noqa: E731
-    try:
-        report = run_bench(options, machine, calibration_dir=cache_dir(os.environ), progress=progress)
-    finally:
-        if progress is not None:
-            bar.stop()
-    render.emit(report, json=json_out)
+    enabled = render.show_progress(fmt)
+    with render.progress("bench", enabled=enabled) as say:
+        report = run_bench(options, machine, calibration_dir=data_dir(os.environ), progress=say if enabled else None)
+    render.emit(report, format=fmt)
     if report.calibration_skipped:
         print(f"calibration not stored: {report.calibration_skipped}", file=sys.stderr)
-    elif report.calibration is not None and not json_out:
+    elif report.calibration is not None and fmt == "table":
         quick_note = " (--quick sizes: below what the full suite reaches)" if report.quick else ""
         print(f"calibration for {report.calibration.device} stored in {report.calibration_path}{quick_note}: "
               "plans for it use these rates")
@@ -81,5 +74,5 @@ def bench(
         from gpuwise.plot import plot_bench
 
         plot_bench(report, plot)
-        if not json_out:
+        if fmt == "table":
             print(f"roofline drawn to {plot}")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gpuwise.cli._app import JsonFlag, app
+from gpuwise.cli._app import FormatOption, JsonFlag, app, output_format
 from gpuwise.errors import GpuwiseError
 
 
@@ -23,12 +23,14 @@ def gpus(
              "vendors' '24GB' cards hold 24 GiB.")] = None,
     local: Annotated[bool, typer.Option("--local", help="Show this machine's GPUs and CPU instead.")] = False,
     json_out: JsonFlag = False,
+    output: FormatOption = None,
 ) -> None:
     """List the hardware catalog, show one accelerator with its sources, or this machine.
 
     Examples: gpuwise gpus; gpuwise gpus h100; gpuwise gpus --segment consumer --min-memory 24GB;
-    gpuwise gpus --local --json
+    gpuwise gpus --local --json; gpuwise gpus --format csv > catalog.csv; gpuwise gpus --segment consumer --format md
     """
+    fmt = output_format(output, json_out)
     from gpuwise import render
     from gpuwise.hardware.catalog import load_catalog
     from gpuwise.units import parse_bytes
@@ -40,7 +42,7 @@ def gpus(
                                hint="run 'gpuwise gpus --local' alone")
         from gpuwise.hardware.device import local_machine
 
-        render.emit(local_machine(os.environ), json=json_out)
+        render.emit(local_machine(os.environ), format=fmt)
         return
     catalog = load_catalog()
     if name is not None:
@@ -49,14 +51,14 @@ def gpus(
                                hint=f"run 'gpuwise gpus {name}' alone, or filters without a name")
         row = catalog.get(name)
         others = catalog.variants(name)
-        if len(others) > 1 and not json_out:  # "a100": the 40 GB SXM row is one of three; say which, name the rest
+        if len(others) > 1 and fmt == "table":  # "a100": the 40 GB SXM row is one of three; say which, name the rest
             print(textwrap.fill(f"note: {name!r} matches {', '.join(others)}; showing {row.key} (name one for "
                                 "the others)", width=80, subsequent_indent="  "))
-        render.emit(row, json=json_out)
+        render.emit(row, format=fmt)
         return
     if min_memory is not None and re.fullmatch(r"\s*[\d.]+\s*", min_memory):
         raise GpuwiseError(f"--min-memory {min_memory} has no unit", f"pass --min-memory {min_memory.strip()}GB "
                            f"(10^9 bytes) or {min_memory.strip()}GiB (2^30 bytes)")
     rows = catalog.filter(segment=segment, vendor=vendor,
                           min_memory_bytes=parse_bytes(min_memory) if min_memory is not None else None)
-    render.emit(render.CatalogRows(tuple(rows)), json=json_out)
+    render.emit(render.CatalogRows(tuple(rows)), format=fmt)

@@ -14,6 +14,7 @@ from gpuwise.cli._app import (
     CpOption,
     DeviceOption,
     EpOption,
+    FormatOption,
     JsonFlag,
     LoraDropoutOption,
     LoraRankOption,
@@ -31,7 +32,8 @@ from gpuwise.cli._app import (
     TpOption,
     WeightsOption,
     app,
-    check_png,
+    check_plot,
+    output_format,
 )
 from gpuwise.errors import GpuwiseError
 
@@ -41,7 +43,10 @@ def plan(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="A built-in model (see --list-models) or path/to/file.py:function, where "
         "function(batch_size) returns (model, inputs).")] = None,
-    hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
+    hf_config: Annotated[str | None, typer.Option(help=(
+        "A Hugging Face config.json, a checkpoint folder (its safetensors read for the stored dtypes), a .gguf file, "
+        "or a Hub id owner/name[@revision] (from the local cache, else downloaded) (needs gpuwise[hf]).")
+    )] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="List the built-in models and exit.")] = False,
     task: Annotated[str | None, typer.Option(help="train, finetune-lora, infer (a prefill of --seq tokens) or "
                                                   "decode (one token after --context cached ones).")] = None,
@@ -73,6 +78,9 @@ def plan(
     qlora_recipe: QloraRecipeOption = None,
     weights: WeightsOption = None,
     context: ContextOption = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="--task decode: the KV cache's storage, fp8 (fp8_e4m3, "
+                                                      "fp8_e5m2), bf16 or fp16, as vLLM's --kv-cache-dtype [auto: "
+                                                      "as the step computes].")] = None,
     attention: AttentionOption = None,
     loss: LossOption = None,
     compile_blocks: CompileFlag = False,
@@ -88,48 +96,75 @@ def plan(
                                                  "fit (default: every catalog GPU; remedies for --device's "
                                                  "GPU, else h100-sxm).")] = None,
     device: DeviceOption = None,
-    plot: Annotated[str | None, typer.Option(help="Draw the memory timeline to this PNG file.")] = None,
+    solve: Annotated[str | None, typer.Option(help="max-context, max-batch or min-gpus: the longest --seq (--context "
+                                                   "for decode), the largest --micro-batch or the fewest --gpus "
+                                                   "(--sharding fsdp|zero*, or --tp) that fits --gpu (else the GPU "
+                                                   "plan names), with the plan there.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the memory timeline to this PNG or SVG file.")] = None,
     json_out: JsonFlag = False,
+    output: FormatOption = None,
 ) -> None:
     """Simulate one training or inference step on fake tensors: exact peak memory, FLOPs and fit.
 
     Examples: gpuwise plan --model gpt2 --batch 8; gpuwise plan --model llama3-8b --gpu h100 --seq 8192;
     gpuwise plan --model llama2-7b --task finetune-lora --qlora --gpu rtx-4090;
     gpuwise plan --model llama3-8b --task decode --context 8192 --batch 8 --weights int4 --gpu rtx-4090;
-    gpuwise plan --model my_net.py:build --batch 32 --json
+    gpuwise plan --model my_net.py:build --batch 32 --json;
+    gpuwise plan --model llama3-8b --task decode --weights int4 --gpu rtx-4090 --solve max-context;
+    gpuwise plan --model llama3-8b --sharding fsdp --seq 8192 --gpu h100 --solve min-gpus
     """
     from gpuwise import render
 
+    fmt = output_format(output, json_out)
     if list_models:
         if model or hf_config:
             raise GpuwiseError("--list-models takes no model", "run 'gpuwise plan --list-models' alone")
         from gpuwise.models import MODELS
 
-        render.emit(render.ModelList(tuple(MODELS.values())), json=json_out)
+        render.emit(render.ModelList(tuple(MODELS.values())), format=fmt)
         return
-    check_png(plot)
+    check_plot(plot)
     if gpu is not None and not gpu.strip():
         raise GpuwiseError("--gpu '' names no GPU", "pass a catalog key (gpuwise gpus lists them), or drop --gpu for "
                            "every catalog GPU")
-    from gpuwise.files import model_files
     from gpuwise.planning.setup import Request, resolve  # without torch: the arguments are checked before it loads
+    from gpuwise.planning.sources.hub import model_files
 
-    setup = resolve(Request(
+    request = Request(
         task=task, batch=batch, micro_batch=micro_batch, gpus=n_gpus, seq=seq, image_size=image_size,
         audio_seconds=audio_seconds, precision=precision, optimizer=optimizer,
         optimizer_in_backward=optimizer_in_backward, checkpointing=checkpointing, sharding=sharding,
         lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets, lora_dropout=lora_dropout,
         qlora_recipe=qlora_recipe, attention=attention, loss=loss, compile=compile_blocks, weights=weights,
-        context=context, tp=tp, pp=pp, cp=cp, ep=ep, moe_imbalance=moe_imbalance, sp=sequence_parallel, nodes=nodes,
-        offload=offload))
-    model_files(model, hf_config)  # a missing file is refused before torch loads
-    from gpuwise.planning.planner import plan_here
+        context=context, kv_dtype=kv_dtype, tp=tp, pp=pp, cp=cp, ep=ep, moe_imbalance=moe_imbalance,
+        sp=sequence_parallel, nodes=nodes,
+        offload=offload)
+    if solve is None:
+        setup = resolve(request)
+    else:  # the search varies one flag: the request is checked as it will run
+        from gpuwise.planning.solve import check_goal
 
-    result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
-    render.emit(result, json=json_out)
+        check_goal(solve, request)
+    model_files(model, hf_config)  # a missing file is refused before torch loads
+    if solve is not None:
+        from gpuwise.planning.solve import solve_here
+
+        with render.progress(f"solving {solve} for {model or hf_config}: plans on fake tensors",
+                             enabled=render.show_progress(fmt)):
+            solution = solve_here(solve, model, request, environ=os.environ, hf_config=hf_config, gpu=gpu,
+                                  device=device)
+        render.emit(solution, format=fmt)
+        result = solution.plan
+    else:
+        from gpuwise.planning.planner import plan_here
+
+        with render.progress(f"planning {model or hf_config}: one step on fake tensors",
+                             enabled=render.show_progress(fmt)):
+            result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
+        render.emit(result, format=fmt)
     if plot is not None:  # after the plan is shown: a path we cannot write loses nothing
         from gpuwise.plot import plot_plan
 
         plot_plan(result, plot)
-        if not json_out:
+        if fmt == "table":
             print(f"timeline drawn to {plot}")

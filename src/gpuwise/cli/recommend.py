@@ -14,6 +14,7 @@ from gpuwise.cli._app import (
     CompileFlag,
     CpOption,
     EpOption,
+    FormatOption,
     JsonFlag,
     LoraDropoutOption,
     LoraRankOption,
@@ -26,10 +27,10 @@ from gpuwise.cli._app import (
     PpOption,
     QloraFlag,
     QloraRecipeOption,
-    TpOption,
     WeightsOption,
     app,
-    check_png,
+    check_plot,
+    output_format,
 )
 from gpuwise.errors import GpuwiseError
 from gpuwise.recommend.request import Run, Traffic
@@ -61,7 +62,10 @@ def _list(text: str | None, flag: str, what: str, example: str) -> tuple[str, ..
 def recommend(
     model: Annotated[str | None, typer.Option(
         "--model", "-m", help="A built-in model (gpuwise plan --list-models) or path/to/file.py:function.")] = None,
-    hf_config: Annotated[str | None, typer.Option(help="A Hugging Face config.json (needs gpuwise[hf]).")] = None,
+    hf_config: Annotated[str | None, typer.Option(help=(
+        "A Hugging Face config.json, a checkpoint folder (its safetensors read for the stored dtypes), a .gguf file, "
+        "or a Hub id owner/name[@revision] (from the local cache, else downloaded) (needs gpuwise[hf]).")
+    )] = None,
     task: Annotated[str | None, typer.Option(help="train, finetune-lora, or infer (= --serve).")] = None,
     serve: Annotated[bool, typer.Option("--serve", help="Rank for serving: decode speed, first-token time, "
                                                         "replicas for the users.")] = False,
@@ -77,6 +81,18 @@ def recommend(
     ttft_ms: Annotated[float | None, typer.Option(help="Serving: longest time to the first token.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="Serving: longest time per output token.")] = None,
     weights: WeightsOption = None,
+    kv_dtype: Annotated[str | None, typer.Option(help="Serving: the KV cache's storage, fp8 (fp8_e4m3, fp8_e5m2), bf16 "
+                                                      "or fp16, as vLLM's --kv-cache-dtype [auto: the model's dtype]."
+                                                 )] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Serving: the context each sequence may reach, vLLM's "
+                                                           "--max-model-len [--prompt-tokens + --output-tokens].")
+                             ] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Serving: the most sequences a replica decodes at once, "
+                                                          f"vLLM's --max-num-seqs; alone, also --concurrency "
+                                                          f"[{Traffic.max_num_seqs}].")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        help="Serving: the share of each GPU's memory for weights, activations and the KV cache, vLLM's "
+             f"--gpu-memory-utilization [{Traffic.gpu_memory_utilization}].")] = None,
     batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU, kept "
                                                    f"on every row [{Run.batch}].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
@@ -98,7 +114,9 @@ def recommend(
     loss: LossOption = None,
     attention: AttentionOption = None,
     compile_blocks: CompileFlag = False,
-    tp: TpOption = None,
+    tp: Annotated[int | None, typer.Option("--tp", "--tensor-parallel-size", help=(
+        "Serving: GPUs a replica (tensor parallel), vLLM's --tensor-parallel-size [each of 1, 2, 4, 8]; training "
+        "ranks data-parallel counts only (plan a --tp layout with gpuwise plan)."))] = None,
     pp: PpOption = None,
     cp: CpOption = None,
     ep: EpOption = None,
@@ -119,11 +137,17 @@ def recommend(
     ecosystem: Annotated[str | None, typer.Option(help="Only GPUs PyTorch runs on with this stack, e.g. cuda "
                                                        "(leaves out chips that need a port).")] = None,
     prices: Annotated[str | None, typer.Option(help="A CSV of your own quotes: gpu,rent_usd_per_hour,buy_usd"
-                                                    "[,date]; they replace the catalog's.")] = None,
+                                                    "[,date]; they replace the cloud snapshot's and the catalog's.")
+                      ] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Rent at the price snapshot's spot prices (spare capacity "
+                                                      "the cloud may take back) [on-demand].")] = False,
+    provider: Annotated[str | None, typer.Option(help="Rent from this cloud of the price snapshot only (lambda, "
+                                                      "nebius, hyperstack) [the cheapest offer].")] = None,
     sort: Annotated[str | None, typer.Option(help="time, cost or energy [time; cost when serving].")] = None,
     plot: Annotated[str | None, typer.Option(help="Draw time to goal against cost, with the Pareto front, "
-                                                  "to this PNG file.")] = None,
+                                                  "to this PNG or SVG file.")] = None,
     json_out: JsonFlag = False,
+    output: FormatOption = None,
 ) -> None:
     """Rank every catalog GPU and GPU count for your training or serving run: speed, time to goal, cost, energy.
     With no --model: six common jobs, each ranked over the catalog (the fastest, cheapest, most per joule).
@@ -132,15 +156,17 @@ def recommend(
     --batch 512 --tokens 1e12 --max-gpus 64; gpuwise recommend --model llama2-7b --task finetune-lora
     --tokens 5e7 --segment consumer --buy --budget 3000
     """
-    check_png(plot)
+    fmt = output_format(output, json_out)
+    check_plot(plot)
     if batch is not None and batch < 1:  # not "batch or the default": --batch 0 meant the default
         raise GpuwiseError(f"--batch {batch} is not a batch", f"pass a whole number from 1, or drop --batch "
                            f"[{Run.batch}]")
     gpus = _list(gpu, "--gpu", "GPU", "h100,a100 (gpuwise gpus lists the catalog keys)")
     segments = _list(segment, "--segment", "segment", "consumer,workstation")
     vendors = _list(vendor, "--vendor", "vendor", "NVIDIA,AMD")
-    layout = [f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("nodes", nodes),
-                                                   ("offload", offload)) if v not in (None, 1, "none")]
+    serving = serve or task == "infer"
+    layout = [f"--{k} {v}" for k, v in (("tp", None if serving else tp), ("pp", pp), ("cp", cp), ("ep", ep),
+                                       ("nodes", nodes), ("offload", offload)) if v not in (None, 1, "none")]
     if layout:  # recommend enumerates data-parallel GPU counts (ddp or fsdp) for one layout: the plain one
         raise GpuwiseError(f"{layout[0]}: recommend ranks data-parallel GPU counts, not model-parallel layouts or "
                            "offload", f"plan that layout with gpuwise plan {' '.join(layout)} --gpus N, or drop "
@@ -149,7 +175,6 @@ def recommend(
         raise GpuwiseError("recommend ranks generation with its serving model (--serve): --task decode is one step "
                            "for gpuwise plan", "pass --serve (the context is --prompt-tokens + --output-tokens), or "
                            "run gpuwise plan --task decode --context N")
-    serving = serve or task == "infer"
     if sort is not None and sort not in ("time", "cost", "energy"):  # --sort '' is a slip, not the default
         raise GpuwiseError(f"--sort {sort!r} is not one of time, cost, energy", "pass --sort cost")
     if (epochs is None) != (dataset_size is None):
@@ -165,10 +190,10 @@ def recommend(
             raise GpuwiseError("--epochs sets the goal, and so do --tokens and --samples", "give one goal")
         samples = epochs * dataset_size
     # Without torch: every argument is checked before the engine (and torch) loads.
-    from gpuwise.files import model_files
-    from gpuwise.hardware.calibration import cache_dir, load_calibrations
+    from gpuwise.hardware.calibration import stored_calibrations
     from gpuwise.hardware.catalog import load_catalog
     from gpuwise.planning.setup import Setup
+    from gpuwise.planning.sources.hub import model_files
     from gpuwise.recommend.prices import read_prices
     from gpuwise.recommend.request import Constraints, Goal
 
@@ -176,10 +201,12 @@ def recommend(
     if model is None and hf_config is None:  # no workload: the guide, computed
         from gpuwise.recommend.guide import guide
 
-        if prices or plot or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu, segment,
-                                                          vendor, ecosystem)):
+        if prices or plot or spot or any(v is not None for v in (tokens, samples, budget, deadline, max_gpus, gpu,
+                                                                  segment, vendor, ecosystem, provider)):
             raise GpuwiseError("goals and filters apply to a workload", "add --model NAME (or --hf-config)")
-        _show(guide(catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ))), None, json_out)
+        with _progress("ranking six jobs over the catalog", fmt):
+            result = guide(catalog=catalog, calibrations=stored_calibrations(os.environ))
+        _show(result, None, fmt)
         return
     model_files(model, hf_config)  # a missing file is refused before torch loads
     rent, bought = read_prices(prices, catalog) if prices else ({}, {})
@@ -187,7 +214,7 @@ def recommend(
         mode="buy" if buy else "rent", budget_usd=budget,
         deadline_s=None if deadline is None else parse_duration(deadline), max_gpus=max_gpus,
         gpus=tuple(catalog.get(g).key for g in gpus), segments=segments, vendors=vendors,
-        ecosystem=ecosystem, rent=rent, buy=bought)
+        ecosystem=ecosystem, rent=rent, buy=bought, rent_kind="spot" if spot else "on-demand", provider=provider)
     goal = Goal(tokens=tokens, samples=samples)
     if serving and loss is not None:
         raise GpuwiseError("--loss has no meaning when serving", "drop --loss")
@@ -208,20 +235,34 @@ def recommend(
         if trained:
             raise GpuwiseError(f"{trained[0]} has no meaning when serving",
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
+        if concurrency is None and tokens_per_s is None:  # vLLM's one engine at --max-num-seqs: that many users
+            concurrency = max_num_seqs
         traffic = Traffic(**_given(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
                                    tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
-                                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or None))
+                                   tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or None,
+                                   kv_dtype=kv_dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                   tensor_parallel=tp, gpu_memory_utilization=gpu_memory_utilization))
+        from dataclasses import replace
+
         from gpuwise.planning.sources.resolve import resolve_source
         from gpuwise.recommend.serve import serve as rank_serving
+        from gpuwise.recommend.serve import served_weights
 
-        result = rank_serving(resolve_source(model, hf_config), traffic, constraints, precision=precision,
-                              image_size=image_size, goal=goal, **_given(batch=batch, sort=sort),
-                              catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
-        _show(result, plot, json_out)
+        source = resolve_source(model, hf_config)  # (torch loads here: every flag is checked above)
+        if (stored := served_weights(source, weights or None)) is not None:  # a quantised checkpoint's own format
+            traffic = replace(traffic, weights=stored)
+
+        with _progress(f"ranking GPUs to serve {model or hf_config}: capturing the model", fmt):
+            result = rank_serving(source, traffic, constraints, precision=precision,
+                                  image_size=image_size, goal=goal, **_given(batch=batch, sort=sort),
+                                  catalog=catalog, calibrations=stored_calibrations(os.environ))
+        _show(result, plot, fmt)
         return
     served = [f for f, v in (("--weights", weights), ("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms),
                              ("--tokens-per-s", tokens_per_s), ("--concurrency", concurrency),
-                             ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens))
+                             ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
+                             ("--kv-dtype", kv_dtype), ("--max-model-len", max_model_len),
+                             ("--max-num-seqs", max_num_seqs), ("--gpu-memory-utilization", gpu_memory_utilization))
               if v is not None]
     if served:
         raise GpuwiseError(f"{served[0]} applies to serving", f"add --serve, or drop {served[0]}")
@@ -242,10 +283,11 @@ def recommend(
     from gpuwise.planning.sources.resolve import resolve_source
     from gpuwise.recommend.search import recommend as rank
 
-    result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
-                  sharding=sharding, checkpointing_given=given["checkpointing"] is not None, **_given(sort=sort),
-                  catalog=catalog, calibrations=load_calibrations(cache_dir(os.environ)))
-    _show(result, plot, json_out)
+    with _progress(f"ranking GPUs for {model or hf_config}: capturing the model", fmt):
+        result = rank(resolve_source(model, hf_config), setup, goal, constraints, precision=precision,
+                      sharding=sharding, checkpointing_given=given["checkpointing"] is not None, **_given(sort=sort),
+                      catalog=catalog, calibrations=stored_calibrations(os.environ))
+    _show(result, plot, fmt)
 
 
 def _given(**options):
@@ -253,13 +295,20 @@ def _given(**options):
     return {k: v for k, v in options.items() if v is not None}
 
 
-def _show(result, plot: str | None, json_out: bool) -> None:
+def _progress(text: str, fmt: str):
+    """A spinner on stderr while the ranking runs, on a terminal and for tables only."""
     from gpuwise import render
 
-    render.emit(result, json=json_out)
+    return render.progress(text, enabled=render.show_progress(fmt))
+
+
+def _show(result, plot: str | None, fmt: str) -> None:
+    from gpuwise import render
+
+    render.emit(result, format=fmt)
     if plot is not None:  # after the table: a path we cannot write loses nothing
         from gpuwise.plot import plot_recommend
 
         plot_recommend(result, plot)
-        if not json_out:
+        if fmt == "table":
             print(f"time against cost drawn to {plot}")

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gpuwise.cli._app import JsonFlag, app, check_png
+from gpuwise.cli._app import JsonFlag, app, check_plot
 from gpuwise.errors import GpuwiseError
 
 
@@ -36,7 +36,7 @@ def watch(
     Examples: gpuwise watch -- python train.py; gpuwise watch --log run.jsonl --plot run.png -- python train.py;
     gpuwise watch --pid 12345
     """
-    check_png(plot)
+    check_plot(plot)
     if plot is not None:  # checked before the command runs: its exit code must not be lost to a plot
         folder = Path(plot).resolve().parent
         if not folder.is_dir():

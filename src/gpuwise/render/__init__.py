@@ -10,20 +10,40 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.render._common import print_json, to_jsonable
+from gpuwise.render._common import SCHEMA_VERSION, json_document, print_json, progress, show_progress, to_jsonable
 from gpuwise.render.bench import (
     comparison_json,
+    comparison_sheet,
     render_bench,
     render_compare,
     render_comparison,
     render_report,
     report_json,
+    report_sheet,
 )
 from gpuwise.render.doctor import doctor_json, render_doctor
-from gpuwise.render.gpus import local_json, render_accelerator, render_catalog, render_local
-from gpuwise.render.plan import plan_json, render_models, render_plan
-from gpuwise.render.recommend import guide_json, recommend_json, render_guide, render_recommend
+from gpuwise.render.formats import write
+from gpuwise.render.gpus import (
+    catalog_json,
+    catalog_sheet,
+    local_json,
+    local_sheet,
+    render_accelerator,
+    render_catalog,
+    render_local,
+)
+from gpuwise.render.plan import (
+    plan_json,
+    plan_sheet,
+    render_models,
+    render_plan,
+    render_solution,
+    solution_json,
+    solution_line,
+)
+from gpuwise.render.recommend import guide_json, recommend_json, recommend_sheet, render_guide, render_recommend
 from gpuwise.render.train import TrainProgress, render_train, train_json
 from gpuwise.render.watch import render_watch, watch_json
 
@@ -45,10 +65,10 @@ class ModelList:
     models: tuple[ZooModel, ...]
 
 
-def _models_json(listing: ModelList) -> list[dict[str, Any]]:
-    return [{"name": m.name, "params": m.published_params, "blocks": m.n_layer, "inputs": m.inputs,
-             "default_seq": m.default_seq, "default_image_size": m.default_image_size, "source": m.source}
-            for m in listing.models]
+def _models_json(listing: ModelList) -> dict[str, Any]:
+    return {"models": [{"name": m.name, "params": m.published_params, "blocks": m.n_layer, "inputs": m.inputs,
+                        "default_seq": m.default_seq, "default_image_size": m.default_image_size, "source": m.source}
+                       for m in listing.models]}
 
 
 def _views() -> dict[str, tuple[Any, Any]]:
@@ -56,10 +76,11 @@ def _views() -> dict[str, tuple[Any, Any]]:
     return {
         "DoctorReport": (render_doctor, doctor_json),
         "LocalMachine": (render_local, local_json),
-        "Accelerator": (render_accelerator, lambda a: [a]),
-        "CatalogRows": (lambda c, console: render_catalog(list(c.rows), console), lambda c: list(c.rows)),
+        "Accelerator": (render_accelerator, lambda a: catalog_json([a])),
+        "CatalogRows": (lambda c, console: render_catalog(list(c.rows), console), lambda c: catalog_json(c.rows)),
         "ModelList": (lambda m, console: render_models(list(m.models), console), _models_json),
         "MemoryPlan": (render_plan, plan_json),
+        "Solution": (render_solution, solution_json),
         "TrainSummary": (render_train, train_json),
         "Recommendation": (render_recommend, recommend_json),
         "Guide": (render_guide, guide_json),
@@ -76,14 +97,34 @@ class _Console(Console):
         raise BrokenPipeError
 
 
-def emit(result: Any, *, json: bool, console: Console | None = None) -> None:
-    """Print a command's result: as JSON with ``json``, else as its tables (on stdout unless ``console``)."""
+def _sheets() -> dict[str, Any]:
+    """Result type name -> its rows (render._common.Sheet), for --format csv and md."""
+    return {
+        "CatalogRows": lambda c: catalog_sheet(list(c.rows)),
+        "Accelerator": lambda a: catalog_sheet([a]),
+        "LocalMachine": local_sheet,
+        "BenchReport": report_sheet,
+        "MemoryPlan": plan_sheet,
+        "Recommendation": recommend_sheet,
+        "Solution": lambda solution: dataclasses.replace(plan_sheet(solution.plan), notes=(solution_line(solution),)),
+        "BenchComparison": comparison_sheet,
+    }
+
+
+def emit(result: Any, *, json: bool = False, format: str = "table", console: Console | None = None) -> None:
+    """Print a command's result in ``format`` (formats.FORMATS; ``json`` is ``format="json"``): JSON as one object
+    with ``schema_version`` first, csv or Markdown from its rows, else its tables (on stdout unless ``console``)."""
     table, as_json = _views()[type(result).__name__]
-    if json:
-        print_json(as_json(result))
+    if json or format == "json":
+        print_json(json_document(as_json(result)))
+    elif format in ("csv", "md"):
+        sheet = _sheets().get(type(result).__name__)
+        if sheet is None:
+            raise GpuwiseError(f"--format {format} is not available for this output yet", "use --format table or json")
+        write(sheet(result), format)
     else:
         table(result, console or _Console(highlight=False, soft_wrap=False))
 
 
-__all__ = ["CatalogRows", "ModelList", "TrainProgress", "emit", "print_json", "render_bench", "render_compare",
-           "to_jsonable"]
+__all__ = ["SCHEMA_VERSION", "CatalogRows", "ModelList", "TrainProgress", "emit", "print_json", "progress",
+           "render_bench", "render_compare", "show_progress", "to_jsonable"]

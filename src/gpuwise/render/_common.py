@@ -1,13 +1,27 @@
-"""What every renderer shares: number formats and the JSON view of dataclasses."""
+"""What every renderer shares: number formats, the JSON view of dataclasses, tables that fit the terminal, and the
+progress line on stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from gpuwise.hardware.catalog import Accelerator
+
+# The shape of every command's --json (and --format json) object, its first key. Raise it when a key is renamed,
+# removed or changes meaning; adding a key keeps it. 1: the first versioned shape, where every command prints one
+# object (a command that listed things, as gpus, doctor and bench did, holds its list under a named key).
+SCHEMA_VERSION = 1
 
 _STATUS_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "bold red")}
 
@@ -43,6 +57,15 @@ def print_json(data: Any) -> None:
     print(json.dumps(to_jsonable(data), indent=2))
 
 
+def json_document(data: Any) -> dict[str, Any]:
+    """A command's JSON view as its output: the object, ``schema_version`` first. A list is no document: name it,
+    ``{"findings": [...]}``, so a later key can sit beside it."""
+    data = to_jsonable(data)
+    if not isinstance(data, dict):
+        raise TypeError(f"a command prints one JSON object, not a {type(data).__name__}")
+    return {"schema_version": SCHEMA_VERSION, **{k: v for k, v in data.items() if k != "schema_version"}}
+
+
 def _count(n: int) -> str:
     """Parameters as people say them: 124.4 M, 6.74 B."""
     return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.4g} M" if n >= 1e6 else f"{n:,}"
@@ -76,3 +99,158 @@ def step_parts(phases: dict[str, float] | None, families: dict[str, float] | Non
         big = sorted(((v, f) for f, v in (families or {}).items() if v / total >= 0.03), reverse=True)
         text += "; " + ", ".join(f"{f} {100 * v / total:.0f}%" for v, f in big)
     return text
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Column:
+    """One column of a result's rows: its stable key (the csv header, with its unit: ``memory_gib``), its header in
+    a table, how a row reads in it, and how much it matters when the terminal is narrow.
+
+    e.g. ``Column(key="bf16_tflops", header="bf16", priority=2, numeric=True)``
+    """
+
+    key: str
+    header: str = ""  # in tables and Markdown; the key when empty
+    priority: int = 0  # 0 is never hidden; the highest go first when the columns do not fit
+    numeric: bool = False  # right-justified
+    wrap: bool = False  # words (a shape, a note) that may go on two lines, split at spaces; never mid-word
+    table: bool = True  # False: in csv and JSON only (its figure is shown in another column)
+    show: Callable[[dict[str, Any]], str | Text] | None = None  # a row's text in tables and Markdown
+
+    @property
+    def title(self) -> str:
+        return self.header or self.key
+
+    def text(self, row: dict[str, Any]) -> str | Text:
+        """This column's cell for ``row``: ``show(row)``, else the raw value ("-" for none, floats as %g)."""
+        if self.show is not None:
+            return self.show(row)
+        value = row.get(self.key)
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return "-"
+        return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def _widths(cells: Sequence[Text], header: str, wrap: bool) -> tuple[int, int]:
+    """(natural, least) width of a column: its longest line, and what it needs at the least: the longest word
+    where it may wrap at spaces, else the longest line too."""
+    lines = [line for cell in cells for line in cell.plain.splitlines()] + header.splitlines()
+    natural = max(Text(line).cell_len for line in lines)
+    if not wrap:
+        return natural, natural
+    return natural, max(Text(word).cell_len for line in lines for word in line.split() or [""])
+
+
+def _overhead(n: int, edge: bool = True) -> int:
+    """Characters a SIMPLE_HEAD table with ``padding=(0, 1), pad_edge=False`` adds to its columns' widths: an edge
+    each side (unless ``edge`` is False), a divider between columns, a space of padding each side of every inner
+    divider."""
+    return 2 * edge + (n - 1) + 2 * (n - 1)
+
+
+def fit_table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str | Text], width: int, *,
+              title: str | None = None, edge: bool = True) -> tuple[Table, tuple[Column, ...]]:
+    """A table of ``rows`` (one text per column) no wider than ``width``: when the columns do not fit, the ones with
+    the highest ``priority`` are left out (priority 0 never), so no cell is cut ("3…") and no name is split
+    ("a100-80gb" / "-sxm"); columns marked ``wrap`` narrow first, at spaces. A row that is one text, not a list,
+    starts a group: a new section, the text alone in the first column ("datacenter"). Returns the table and the
+    columns left out, for ``hidden_note``.
+
+    e.g. ``table, hidden = fit_table([Column(key="key"), Column(key="gbps", priority=1)], [["h100-sxm", "3350"]], 60)``
+    """
+    def text(cell: str | Text) -> Text:
+        return cell if isinstance(cell, Text) else Text(str(cell))
+
+    groups = {i for i, row in enumerate(rows) if isinstance(row, (str, Text))}
+    cells = [[text(row)] + [Text("")] * (len(columns) - 1) if i in groups else [text(c) for c in row]
+             for i, row in enumerate(rows)]
+    sizes = [_widths([row[i] for row in cells], col.title, col.wrap) for i, col in enumerate(columns)]
+    shown = list(range(len(columns)))
+    # the least-important column goes first; among equals the rightmost
+    while len(shown) > 1 and sum(sizes[i][1] for i in shown) + _overhead(len(shown), edge) > width:
+        drop = max((i for i in shown if columns[i].priority > 0), key=lambda i: (columns[i].priority, i),
+                   default=None)
+        if drop is None:
+            break
+        shown.remove(drop)
+    widths = {i: sizes[i][0] for i in shown}
+    excess = sum(widths.values()) + _overhead(len(shown), edge) - width
+    for i in sorted((i for i in shown if columns[i].wrap), key=lambda i: -widths[i]):  # the widest wraps first
+        if excess <= 0:
+            break
+        give = min(excess, widths[i] - sizes[i][1])
+        widths[i] -= give
+        excess -= give
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=edge)
+    for i in shown:
+        col = columns[i]
+        # every width is set, so rich never narrows a column; "fold" (never "…") only if one name alone is wider
+        # than the terminal
+        table.add_column(col.title, justify="right" if col.numeric else "left", width=widths[i],
+                         no_wrap=not col.wrap, overflow="fold")
+    for n, row in enumerate(cells):
+        if n in groups and n > 0:
+            table.add_section()
+        table.add_row(*(row[i] for i in shown))
+    return table, tuple(c for i, c in enumerate(columns) if i not in shown)
+
+
+def hidden_note(hidden: Sequence[Column], width: int) -> str:
+    """The line under a table that ``fit_table`` narrowed: which columns it left out, and how to see them."""
+    if not hidden:
+        return ""
+    names = ", ".join(c.title for c in hidden)
+    return (f"{len(hidden)} column{'s' * (len(hidden) > 1)} hidden at {width} columns ({names}): use --format csv "
+            "or a wider terminal")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sheet:
+    """A result as rows: one dict a row under the columns' keys, raw numbers with their unit in the key
+    (``memory_gib``, ``median_s``), and the lines a table or Markdown prints under it.
+
+    e.g. ``Sheet(title="catalog", columns=(Column(key="key"),), rows=({"key": "h100-sxm"},))``
+    """
+
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple[dict[str, Any], ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def shown(self) -> tuple[Column, ...]:
+        """The columns a table or Markdown shows (the others are csv's only)."""
+        return tuple(c for c in self.columns if c.table)
+
+
+def print_table(sheet: Sheet, console: Console) -> None:
+    """The sheet as a table as wide as the console at most: columns left out say so on the last line."""
+    columns = sheet.shown
+    table, hidden = fit_table(columns, [[c.text(row) for c in columns] for row in sheet.rows], console.width,
+                              title=sheet.title)
+    console.print(table)
+    for note in sheet.notes:
+        console.print(note)
+    if hidden:
+        console.print(hidden_note(hidden, console.width))
+
+
+def show_progress(output_format: str, stream: Any = None) -> bool:
+    """Whether a long step should show a progress line: only for tables, and only when stderr is a terminal (a
+    program reading JSON or csv, or a log file, gets none)."""
+    stream = sys.stderr if stream is None else stream
+    return output_format == "table" and hasattr(stream, "isatty") and stream.isatty()
+
+
+@contextlib.contextmanager
+def progress(text: str, *, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner and ``text`` on stderr while the block runs, gone after it; yields a function that changes the
+    text. Does nothing when not ``enabled`` (see ``show_progress``).
+
+    e.g. ``with progress("capturing gpt2", enabled=show_progress(fmt)) as say: ...; say("costing 77 GPUs")``
+    """
+    if not enabled:
+        yield lambda _text: None
+        return
+    with Console(stderr=True).status(text) as status:
+        yield lambda new: status.update(new)

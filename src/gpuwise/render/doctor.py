@@ -15,8 +15,9 @@ if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
     pass
 
 
-def doctor_json(report: DoctorReport) -> list[dict[str, Any]]:
-    return [to_jsonable(f) for f in report.findings]
+def doctor_json(report: DoctorReport) -> dict[str, Any]:
+    """``doctor --json``: every check's finding, in order, under "findings"."""
+    return {"findings": [to_jsonable(f) for f in report.findings]}
 
 
 def render_doctor(report: DoctorReport, console: Console) -> None:

@@ -12,12 +12,13 @@ from rich.text import Text
 
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning.cost.validation import HELD_OUT_ERROR
-from gpuwise.render._common import _count, _seconds3, step_parts, to_jsonable
-from gpuwise.units import human_bytes
+from gpuwise.render._common import Column, Sheet, _count, _seconds3, fit_table, hidden_note, step_parts, to_jsonable
+from gpuwise.units import GiB, MiB, human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
     from gpuwise.models import ZooModel
     from gpuwise.planning import MemoryPlan
+    from gpuwise.planning.solve import Solution
 
 
 def plan_json(plan: MemoryPlan) -> dict[str, Any]:
@@ -43,6 +44,57 @@ def plan_json(plan: MemoryPlan) -> dict[str, Any]:
 
 
 _FIT_STYLE = {"fits": "green", "tight": "yellow", "no": "red"}
+_SEGMENTS = ("consumer", "workstation", "datacenter", "edge")
+
+
+def _fit_text(row: dict[str, Any]) -> Text:
+    if row["missing_dtype"] is not None and row["status"] != "no":
+        return Text(f"no {row['missing_dtype']}", style="yellow")
+    return Text(row["status"], style=_FIT_STYLE[row["status"]])
+
+
+def _gib(key: str, signed: bool = False) -> Any:
+    def show(row: dict[str, Any]) -> str:
+        n = round(row[key] * GiB)
+        return f"-{human_bytes(-n)}" if signed and n < 0 else human_bytes(n)
+    return show
+
+
+def _secs(key: str, star: bool = False) -> Any:
+    def show(row: dict[str, Any]) -> str:
+        value = row[key]
+        return "-" if value is None else _seconds3(value) + ("*" if star and row["rates"] == "measured" else "")
+    return show
+
+
+def plan_sheet(plan: MemoryPlan) -> Sheet:
+    """The fit on each GPU as rows, for the table and for ``--format csv|md``: memory and headroom in GiB, the
+    step (or a decode token) and its bound in seconds, grouped by catalog segment."""
+    segments = {a.key: a.segment for a in load_catalog().filter()}
+    step = "token" if plan.decode else "step"
+    columns = (
+        Column(key="gpu"),
+        Column(key="memory_gib", header="memory", numeric=True, priority=3, show=_gib("memory_gib")),
+        Column(key="headroom_gib", header="headroom", numeric=True, priority=2, show=_gib("headroom_gib", True)),
+        Column(key="status", header="fits", show=_fit_text),
+        Column(key="max_micro_batch", header="max\nbatch", numeric=True, priority=1),
+        Column(key=f"{step}_s", header=step, numeric=True, show=_secs(f"{step}_s", star=True)),
+        Column(key="bound_s", header="bound", numeric=True, priority=4, show=_secs("bound_s")),
+        Column(key="missing_dtype", table=False), Column(key="rates", table=False),
+        Column(key="segment", table=False),
+    )
+    order = sorted(plan.gpus, key=lambda f: _SEGMENTS.index(s) if (s := segments.get(f.gpu)) in _SEGMENTS
+                   else len(_SEGMENTS))
+    rows = tuple({"gpu": f.gpu, "memory_gib": f.memory_bytes / GiB, "headroom_gib": f.headroom_bytes / GiB,
+                  "status": f.status, "max_micro_batch": f.max_batch,
+                  f"{step}_s": None if f.step is None else f.step.seconds, "bound_s": f.step_time_bound_s,
+                  "missing_dtype": f.missing_dtype, "rates": f.rates, "segment": segments.get(f.gpu)}
+                 for f in order)
+    needs = plan.gpus[0].required_bytes if plan.gpus else plan.peak_bytes - plan.paged_bytes + plan.overhead_bytes
+    paged = f" - {human_bytes(plan.paged_bytes)} paged" if plan.paged_bytes else ""
+    # the same on every GPU, so the title says it once
+    return Sheet(title=f"fit: needs {human_bytes(needs)} (peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)",
+                 columns=columns, rows=rows)
 
 
 def render_plan(plan: MemoryPlan, console: Console) -> None:
@@ -106,32 +158,20 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
             at_peak.add_row(cat, human_bytes(value), f"{100 * value / total:.0f}%", "█" * round(30 * value / total))
     console.print(at_peak)
 
-    paged = f" - {human_bytes(plan.paged_bytes)} paged" if plan.paged_bytes else ""
-    needs = plan.gpus[0].required_bytes if plan.gpus else plan.peak_bytes - plan.paged_bytes + plan.overhead_bytes
-    # the same on every GPU, so the title says it once: the step time and its bound take the column it held
-    fits = Table(title=f"fit: needs {human_bytes(needs)} (peak{paged} + {human_bytes(plan.overhead_bytes)} overhead)",
-                 box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
-    for col, justify in (("gpu", "left"), ("memory", "right"), ("headroom", "right"),
-                         ("fits", "left"), ("max\nmicro-\nbatch", "right"),
-                         ("token" if plan.decode else "step", "right"), ("bound", "right")):
-        # numbers are never cut: the columns fit 80 (a pipe's width) as they are; narrower, the GPU's name folds
-        fits.add_column(col, justify=justify, no_wrap=col != "gpu", overflow="fold")
+    sheet = plan_sheet(plan)
     segments = {a.key: a.segment for a in load_catalog().filter()}
-    order = ("consumer", "workstation", "datacenter", "edge")
+    rows: list[Any] = []
     group = None
-    for f in sorted(plan.gpus, key=lambda f: order.index(s) if (s := segments.get(f.gpu)) in order else len(order)):
-        if segments.get(f.gpu) != group and len(plan.gpus) > 1:  # a title row per catalog segment, a gap before it
-            if group is not None:
-                fits.add_section()
-            group = segments.get(f.gpu)
-            fits.add_row(Text(group or "other", style="dim italic"))
-        head_room = human_bytes(f.headroom_bytes) if f.headroom_bytes >= 0 else f"-{human_bytes(-f.headroom_bytes)}"
-        fits.add_row(f.gpu, human_bytes(f.memory_bytes), head_room,
-                     Text(f.status, style=_FIT_STYLE[f.status]) if f.missing_dtype is None or f.status == "no"
-                     else Text(f"no {f.missing_dtype}", style="yellow"), str(f.max_batch),
-                     "-" if f.step is None else _seconds3(f.step.seconds) + ("*" if f.rates == "measured" else ""),
-                     "-" if f.step_time_bound_s is None else _seconds3(f.step_time_bound_s))
+    for row in sheet.rows:  # a title row per catalog segment, a gap before it
+        if segments.get(row["gpu"]) != group and len(sheet.rows) > 1:
+            group = segments.get(row["gpu"])
+            rows.append(Text(group or "other", style="dim italic"))
+        rows.append([c.text(row) for c in sheet.columns if c.table])
+    # never a cut figure nor a split name: at a narrow width the least-needed columns go, and a line says which
+    fits, hidden = fit_table(sheet.shown, rows, console.width, title=sheet.title, edge=False)
     console.print(fits)
+    if hidden:
+        console.print(hidden_note(hidden, console.width))
     measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
     rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
     if plan.decode:
@@ -266,3 +306,54 @@ def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
         head.add_row("host memory", f"{human_bytes(lay.host_bytes)} per GPU{node} of pinned host RAM: {what} "
                      "(--offload " + lay.offload + "); not in the GPU fit")
 
+
+
+_SOLVED = {"max-context": "max context", "max-batch": "max micro-batch", "min-gpus": "fewest GPUs"}
+
+
+def _solved_value(solution: Solution, n: int) -> str:
+    if solution.goal == "max-context":
+        return f"{n:,} {'cached ' if solution.flag == '--context' else ''}token{'s' if n != 1 else ''}"
+    if solution.goal == "min-gpus":
+        return f"{n:,} GPU{'s' if n != 1 else ''}"
+    return f"{n:,}"
+
+
+def _over(required_bytes: int, memory_bytes: int) -> str:
+    """"81.2 GiB > 79.6 GiB"; in MiB where GiB to one decimal would print two equal-looking figures."""
+    if abs(required_bytes - memory_bytes) < 0.05 * GiB:
+        return f"{required_bytes / MiB:,.1f} MiB > {memory_bytes / MiB:,.1f} MiB"
+    return f"{human_bytes(required_bytes)} > {human_bytes(memory_bytes)}"
+
+
+def solution_line(solution: Solution) -> str:
+    """The answer in one line: "max context on h100-sxm: 36,864 tokens (40,960 does not fit: 81.2 GiB > 79.6 GiB;
+    ...)"."""
+    s, f = solution, solution.failing
+    head = f"{_SOLVED[s.goal]} on {s.gpu}: "
+    cost = f"{len(s.probes)} probe{'s' if len(s.probes) != 1 else ''}, {s.captures} capture" \
+           f"{'s' if s.captures != 1 else ''}"
+    over = "" if f is None else _over(f.required_bytes, s.memory_bytes)
+    if s.value is None:
+        what = ("micro-batch " if s.goal == "max-batch" else "") + ("" if f is None else _solved_value(s, f.value))
+        even = "" if f is None else f"{what} need{'s' if f.value == 1 or s.goal == 'max-batch' else ''} {over}"
+        return head + "none fits (" + "; ".join(x for x in (even, s.reason, cost) if x) + ")"
+    parts = []
+    if f is not None:
+        verb = "does" if s.goal == "max-batch" or f.value == 1 else "do"
+        parts.append(f"{_solved_value(s, f.value)} {verb} not fit: {over}")
+    if s.bound is not None:
+        parts.append(f"{'capped at ' if s.goal != 'min-gpus' else ''}{s.bound}")
+    return head + _solved_value(s, s.value) + " (" + "; ".join([*parts, cost]) + ")"
+
+
+def solution_json(solution: Solution) -> dict[str, Any]:
+    """The plan at the answer (``plan_json``) with a ``solve`` object: the answer, its boundary and the probes."""
+    solve = {f.name: to_jsonable(getattr(solution, f.name)) for f in dataclasses.fields(solution) if f.name != "plan"}
+    return plan_json(solution.plan) | {"solve": solve}
+
+
+def render_solution(solution: Solution, console: Console) -> None:
+    """The answer line above the plan at it."""
+    console.print(Text(solution_line(solution), style="bold green" if solution.value is not None else "bold red"))
+    render_plan(solution.plan, console)

@@ -9,11 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuwise.planning.cost.validation import HELD_OUT_ERROR
-from gpuwise.render._common import _num, _seconds3, step_parts, to_jsonable
+from gpuwise.render._common import Column, Sheet, _num, _seconds3, fit_table, hidden_note, step_parts, to_jsonable
 
 if TYPE_CHECKING:
     from gpuwise.recommend.guide import Guide
     from gpuwise.recommend.option import Option, Recommendation
+    from gpuwise.recommend.prices import Price
 
 SHOWN = 15  # rows in the table; --json has every one
 
@@ -60,17 +61,57 @@ def _shown(r: Recommendation) -> list[Option]:
     return top + [o for o in r.rows[SHOWN:] if o.pareto]
 
 
-def _fill(table: Table, columns: list[tuple[str, str]], rows: list[tuple[str, ...]], fold: tuple[str, ...]) -> None:
-    """Add the columns and rows; a narrow terminal or a pipe (80 columns) folds the ``fold`` columns (names,
-    settings) onto more lines and never cuts a figure: every other column keeps its widest cell."""
-    for k, (name, justify) in enumerate(columns):
-        if name in fold:
-            table.add_column(name, justify=justify, overflow="fold")
-        else:
-            width = max([len(name), *(len(row[k]) for row in rows)])
-            table.add_column(name, justify=justify, no_wrap=True, min_width=width)
-    for row in rows:
-        table.add_row(*row)
+_PRIORITY = {"MFU": 2, "kWh": 4, "settings": 1, "TTFT": 1, "seqs": 2, "latency": 1, "batch": 2, "reps": 2}
+
+
+def _fill(console: Console, title: str, columns: list[tuple[str, str]], rows: list[tuple[str, ...]]) -> None:
+    """Print the rows as a table as wide as the console at most: a name is never split nor a figure cut; at a narrow
+    width the least-needed columns go (a line says which) and the settings wrap at spaces."""
+    cols = [Column(key=name or "pareto", header=name or "*", numeric=justify == "right", wrap=name == "settings",
+                   priority=_PRIORITY.get(name, 3 if "/J" in name or "/M" in name else 0))
+            for name, justify in columns]
+    table, hidden = fit_table(cols, [list(row) for row in rows], console.width, title=title)
+    console.print(table)
+    if hidden:
+        console.print(hidden_note(hidden, console.width))
+
+
+def recommend_sheet(r: Recommendation) -> Sheet:
+    """Every ranked row with its raw figures, for ``--format csv|md``: units in the keys, rent per GPU-hour with
+    its provider and kind."""
+    u = r.unit
+    keys = ["gpu", "count", f"{u}_per_s", "step_time_s", "mfu", "time_to_goal_s", "rent_usd_per_gpu_hour",
+            "rent_provider", "rent_kind", "rent_usd", "buy_usd", "energy_kwh", f"{u}_per_joule", "pareto", "flags"]
+    if r.traffic is not None:
+        keys += ["replicas", "gpus_total", "decode_tokens_per_s", "ttft_s", "max_concurrency", "kv_bytes_per_seq",
+                 "vllm_command"]
+    rows = []
+    for o in r.rows:
+        price = o.rent_usd_per_hour
+        d = {"gpu": o.gpu, "count": o.count, f"{u}_per_s": o.throughput, "step_time_s": o.step_time_s,
+             "mfu": o.mfu, "time_to_goal_s": o.time_to_goal_s, "rent_usd_per_gpu_hour": price and price.usd,
+             "rent_provider": price and price.provider, "rent_kind": price and price.kind, "rent_usd": o.rent_usd,
+             "buy_usd": o.buy_usd, "energy_kwh": o.energy_kwh, f"{u}_per_joule": o.per_joule, "pareto": o.pareto,
+             "flags": o.flags}
+        if r.traffic is not None:
+            d |= {"replicas": o.replicas, "gpus_total": o.gpus_total, "decode_tokens_per_s": o.per_user,
+                  "ttft_s": o.ttft_s, "max_concurrency": o.max_concurrency,
+                  "kv_bytes_per_seq": getattr(o, "kv_bytes_per_seq", None), "vllm_command": vllm_command(r, o)}
+        rows.append(d)
+    numeric = {"count", f"{u}_per_s", "step_time_s", "mfu", "time_to_goal_s", "rent_usd_per_gpu_hour", "rent_usd",
+               "buy_usd", "energy_kwh", f"{u}_per_joule", "replicas", "gpus_total", "decode_tokens_per_s", "ttft_s",
+               "max_concurrency", "kv_bytes_per_seq"}
+    return Sheet(title=f"{r.model}: ranked by {r.sort}", rows=tuple(rows),
+                 columns=tuple(Column(key=k, numeric=k in numeric) for k in keys))
+
+
+def _rent_line(p: Price) -> str:
+    """A rent price and where it comes from: the cloud, the kind, the instance and region of a snapshot offer."""
+    where = " ".join(x for x in (p.provider, p.kind) if x)
+    offer = ", ".join(x for x in ((f"{p.instance}" + (f" x{p.instance_gpus}" if p.instance_gpus else ""))
+                                  if p.instance else None, p.region) if x)
+    return (f"${p.usd:.2f}/GPU-hour" + (f" {where}" if where else "") + (f" ({offer})" if offer else "")
+            + f", {p.source}" + (f" ({p.date})" if p.date else ""))
 
 
 def _serving(r: Recommendation, console: Console) -> None:
@@ -81,8 +122,7 @@ def _serving(r: Recommendation, console: Console) -> None:
     slo = " ".join(x for x in ((f"TTFT <= {t.ttft_s * 1e3:g} ms" if t.ttft_s else ""),
                                (f"TPOT <= {t.tpot_s * 1e3:g} ms" if t.tpot_s else "")) if x)
     what = f"{t.prompt_tokens} in / {t.output_tokens} out, {t.weights} weights" if decoder else f"{t.weights}"
-    table = Table(title=f"{r.model} · serve {demand} · {what}{' · ' + slo if slo else ''} · ranked by {r.sort}",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    title = f"{r.model} · serve {demand} · {what}{' · ' + slo if slo else ''} · ranked by {r.sort}"
     u = "tok" if decoder else "img"
     cols = [("", "left"), ("gpu", "left"), ("GPUs", "right"), ("per user" if decoder else "latency", "right"),
             (f"{u}/s", "right"), ("TTFT" if decoder else "batch", "right"), ("seqs" if decoder else "reps", "right"),
@@ -98,11 +138,11 @@ def _serving(r: Recommendation, console: Console) -> None:
                      _num(o.max_concurrency) if decoder else str(o.replicas),
                      _usd(fleet) if r.constraints.mode == "rent" else _usd(o.buy_usd), _usd(per_m),
                      _num(o.per_joule, ".3g")))
-    _fill(table, cols, rows, fold=("gpu",))
-    console.print(table)
+    _fill(console, title, cols, rows)
     notes = (["*: on the Pareto front of latency (time per output token) against cost. GPUs: replicas x GPUs per "
               "replica (tensor parallel); seqs: sequences one replica's KV cache holds at the full context (vLLM's "
-              "sizing, 90% of memory); $/M: per million output tokens at the rent; per joule at board power."]
+              f"sizing, {t.gpu_memory_utilization:.0%} of memory; a replica decodes at most {t.max_num_seqs} at "
+              "once, --max-num-seqs); $/M: per million output tokens at the rent; per joule at board power."]
              if decoder else
              ["*: on the Pareto front of latency against cost. latency: one batch through the model; reps: "
               "replicas for --tokens-per-s; $/M: per million images at the rent; per joule at board power."])
@@ -110,10 +150,41 @@ def _serving(r: Recommendation, console: Console) -> None:
         notes.append(f"{more} more rows with --json.")
     if (moe := _moe(r)) is not None:
         notes.append(moe)
+    if r.kv is not None:
+        notes.append(f"KV cache: {r.kv.bytes / 2**20:,.1f} MiB a sequence at {r.kv.context:,} tokens on one GPU "
+                     f"({r.kv.basis}).")
     if r.best is not None:
         notes.append(f"basis of the first row: {r.best.basis}")
+        if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
+            notes.append(f"its price: {_rent_line(r.best.rent_usd_per_hour)}")
     console.print("\n".join(notes))
+    if r.best is not None and getattr(r.best, "vllm_args", None) is not None:
+        console.print("to run the first row, each replica:")
+        # never wrapped by rich: it pastes into a shell as printed
+        console.print(_shell(("vllm", "serve", r.model, *r.best.vllm_args), min(80, console.width)), soft_wrap=True,
+                      markup=False, highlight=False)
     _left_out(r, console)
+
+
+def _shell(words: tuple[str, ...], width: int = 80) -> str:
+    """``vllm serve MODEL`` and its flag-value pairs in lines of at most ``width`` columns, continued with
+    backslashes, a flag never apart from its value: a shell takes it as one line."""
+    rest = words[3:]
+    pieces = [" ".join(words[:3])] + [f"{rest[i]} {rest[i + 1]}" for i in range(0, len(rest), 2)]
+    lines, line = [], "  " + pieces[0]
+    for piece in pieces[1:]:
+        if len(line) + 1 + len(piece) + 2 > width:
+            lines.append(line + " \\")
+            line = "    " + piece
+        else:
+            line += " " + piece
+    return "\n".join([*lines, line])
+
+
+def vllm_command(r: Recommendation, o: Option) -> str | None:
+    """The ``vllm serve`` line of a serving row, copy-pasteable; None where the row has none (not a decoder)."""
+    args = getattr(o, "vllm_args", None)
+    return None if args is None else " ".join(("vllm", "serve", r.model, *args))
 
 
 def _billions(n: float) -> str:
@@ -164,8 +235,7 @@ def render_recommend(r: Recommendation, console: Console) -> None:
         return
     goal = f"{r.goal.amount:.3g} {r.unit}" if r.goal.amount is not None else "no goal (give --tokens)"
     cost_col = "rent" if r.constraints.mode == "rent" else "buy"
-    table = Table(title=f"{r.model} · {r.setup.task} · global batch {r.setup.batch} · goal {goal} · "
-                        f"ranked by {r.sort}", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    title = f"{r.model} · {r.setup.task} · global batch {r.setup.batch} · goal {goal} · ranked by {r.sort}"
     u = "tok" if r.unit == "tokens" else "smp"
     cols = [("", "left"), ("gpu", "left"), ("n", "right"), (f"{u}/s", "right"), ("MFU", "right"), ("time", "right"),
             (cost_col, "right"), ("kWh", "right"), (f"{u}/J", "right"), ("settings", "left")]
@@ -176,8 +246,7 @@ def render_recommend(r: Recommendation, console: Console) -> None:
                      _num(None if o.mfu is None else o.mfu * 100, ".0f") + ("%" if o.mfu is not None else ""),
                      _duration(o.time_to_goal_s), _usd(cost), _num(o.energy_kwh, ".3g"), _num(o.per_joule, ".3g"),
                      _settings(o)))
-    _fill(table, cols, rows, fold=("gpu", "settings"))
-    console.print(table)
+    _fill(console, title, cols, rows)
     more = len(r.rows) - len(_shown(r))
     notes = ["*: on the time-cost Pareto front (nothing else is both faster and cheaper)."]
     if more > 0:
@@ -197,8 +266,7 @@ def render_recommend(r: Recommendation, console: Console) -> None:
                      + f"; {HELD_OUT_ERROR}")
         notes.append(f"basis of the first row: {r.best.basis}")
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
-            p = r.best.rent_usd_per_hour
-            notes.append(f"its price: ${p.usd:.2f}/GPU-hour, {p.source}" + (f" ({p.date})" if p.date else ""))
+            notes.append(f"its price: {_rent_line(r.best.rent_usd_per_hour)}")
     if r.uneven_counts:
         n = r.uneven_counts
         fit = next(b for b in range(r.setup.batch, r.setup.batch * n[-1] + 1) if all(b % k == 0 for k in n))
@@ -221,12 +289,15 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
                 **({} if r.traffic is None else {
                     "decode_tokens_per_s": d["per_user"], "ttft_s": d["ttft_s"],
                     "max_concurrency": d["max_concurrency"], "replicas": d["replicas"], "gpus_total": o.gpus_total,
-                    "decode_batch": d["decode_batch"], "weight_bytes_read_per_gpu": d["weight_bytes_read"]})}
+                    "decode_batch": d["decode_batch"], "weight_bytes_read_per_gpu": d["weight_bytes_read"],
+                    "kv_bytes_per_seq": d["kv_bytes_per_seq"],
+                    "vllm_args": None if d["vllm_args"] is None else list(d["vllm_args"]),
+                    "vllm_command": vllm_command(r, o)})}
 
     return {"workload": {"model": r.model, "setup": to_jsonable(r.setup)},
             "goal": {"unit": r.unit, "amount": r.goal.amount}, "sort": r.sort, "traffic": to_jsonable(r.traffic),
             "constraints": to_jsonable(r.constraints), "uneven_counts": list(r.uneven_counts),
-            "experts": _experts_json(r), "routing": r.routing,
+            "experts": _experts_json(r), "routing": r.routing, "kv_cache": to_jsonable(r.kv),
             "rows": [row(o) for o in r.rows] + [row(o) for o in r.excluded]}
 
 
