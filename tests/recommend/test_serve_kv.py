@@ -181,3 +181,14 @@ def test_serving_takes_a_quantised_checkpoints_own_weights_and_refuses_a_contrad
         served_weights(source(True, None), None)
     assert served_weights(source(False, None), "int8") == "int8"
     assert served_weights(SimpleNamespace(name="gpt2"), None) is None
+
+
+def test_vllm_serves_a_built_in_model_by_its_hub_repo():
+    """vllm serve takes a Hugging Face repo: a built-in model's command names the repo its config.json is from;
+    a Hub id or a config path the user gave is kept as given."""
+    from gpuwise.render.recommend import served_name
+
+    assert served_name("llama3-8b") == "meta-llama/Meta-Llama-3-8B"
+    assert served_name("gpt2-xl") == "openai-community/gpt2-xl"
+    assert served_name("Qwen/Qwen2.5-7B") == "Qwen/Qwen2.5-7B"
+    assert served_name("resnet50") == "resnet50"  # not a decoder: no vllm command is printed for it anyway

@@ -44,6 +44,7 @@ class ZooModel:
     default_image_size: int | None = None
     published_params: int
     source: str
+    hub_id: str | None = None  # the Hugging Face repo of the same model (what vllm serve and --hf-config take)
 
     @property
     def n_layer(self) -> int | None:
@@ -80,15 +81,15 @@ class ZooModel:
 def _gpt2(name: str, n_layer: int, n_head: int, n_embd: int, params: int) -> ZooModel:
     return ZooModel(
         name=name, family="decoder", config=GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd), module="gpt:GPT",
-        inputs="tokens", default_seq=1024, max_seq=1024, published_params=params,
+        inputs="tokens", default_seq=1024, max_seq=1024, published_params=params, hub_id=f"openai-community/{name}",
         source="Radford et al. 2019, GPT-2 model card; counts as karpathy/nanoGPT prints them (tied head)",
     )
 
 
-def _llama(name: str, cfg: LlamaConfig, seq: int, params: int, source: str) -> ZooModel:
+def _llama(name: str, cfg: LlamaConfig, seq: int, params: int, source: str, hub_id: str) -> ZooModel:
     return ZooModel(
         name=name, family="decoder", config=cfg, module="llama:Llama", inputs="tokens", default_seq=seq,
-        published_params=params, source=source,
+        published_params=params, source=source, hub_id=hub_id,
     )
 
 
@@ -101,17 +102,19 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
     _gpt2("gpt2-large", 36, 20, 1280, 774_030_080),
     _gpt2("gpt2-xl", 48, 25, 1600, 1_557_611_200),
     _llama("llama3.2-1b", LlamaConfig(n_layer=16, n_head=32, n_kv_head=8, dim=2048, ffn_dim=8192, vocab_size=128256,
-                                      rope_theta=500000.0, tie_embeddings=True), 8192, 1_235_814_400, _L3),
+                                      rope_theta=500000.0, tie_embeddings=True), 8192, 1_235_814_400, _L3,
+           "meta-llama/Llama-3.2-1B"),
     _llama("llama3.2-3b", LlamaConfig(n_layer=28, n_head=24, n_kv_head=8, dim=3072, ffn_dim=8192, vocab_size=128256,
-                                      rope_theta=500000.0, tie_embeddings=True), 8192, 3_212_749_824, _L3),
+                                      rope_theta=500000.0, tie_embeddings=True), 8192, 3_212_749_824, _L3,
+           "meta-llama/Llama-3.2-3B"),
     _llama("llama2-7b", LlamaConfig(n_layer=32, n_head=32, n_kv_head=32, dim=4096, ffn_dim=11008, vocab_size=32000),
-           4096, 6_738_415_616, _L2),
+           4096, 6_738_415_616, _L2, "meta-llama/Llama-2-7b-hf"),
     _llama("llama3-8b", LlamaConfig(n_layer=32, n_head=32, n_kv_head=8, dim=4096, ffn_dim=14336, vocab_size=128256,
-                                    rope_theta=500000.0), 8192, 8_030_261_248, _L3),
+                                    rope_theta=500000.0), 8192, 8_030_261_248, _L3, "meta-llama/Meta-Llama-3-8B"),
     _llama("llama2-13b", LlamaConfig(n_layer=40, n_head=40, n_kv_head=40, dim=5120, ffn_dim=13824, vocab_size=32000),
-           4096, 13_015_864_320, _L2),
+           4096, 13_015_864_320, _L2, "meta-llama/Llama-2-13b-hf"),
     _llama("llama2-70b", LlamaConfig(n_layer=80, n_head=64, n_kv_head=8, dim=8192, ffn_dim=28672, vocab_size=32000),
-           4096, 68_976_648_192, _L2),
+           4096, 68_976_648_192, _L2, "meta-llama/Llama-2-70b-hf"),
     ZooModel(name="bert-base", family="encoder",
              config=BertConfig(n_layer=12, n_head=12, hidden=768, intermediate=3072), module="bert:Bert",
              inputs="tokens", default_seq=512, max_seq=512, published_params=109_482_240 + 768 * 2 + 2,
