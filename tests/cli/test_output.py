@@ -131,6 +131,7 @@ _REFUSED_WITHOUT_TORCH = [
     ["train", "--batch", "10", "--micro-batch", "3"], ["train", "--fix-input", "--no-monitor"],
     ["plan", "--model", "missing.py:f"], ["plan", "--hf-config", "nope/config.json"],
     ["recommend", "--hf-config", "nope.json"], ["train", "--model", "missing.py:f"],
+    ["train", "--hf-config", "nope/config.json"], ["train", "--hf-config", __file__, "--example", "image"],
     ["train", "--model", __file__ + ":f", "--data", "missing.py:g"],
     ["train", "--checkpoint-dir", __file__],  # a file: refused before the plan prints its "auto:" line
     ["bench", "--ops", "foo"], ["bench", "--dtype", "fp9"], ["bench", "--plot", "a.jpg"],

@@ -515,3 +515,114 @@ def test_precision_defaults_to_the_devices_and_bf16_is_refused_where_the_gpu_has
     h100 = train_run.run_training(TrainOptions(device="cuda:0", config=TrainConfig(precision="bf16-mixed")),
                                   machine=machine, environ={})
     assert h100.config.precision == "bf16-mixed"
+
+
+# --hf-config: transformers' model of a config, trained for real (tests/training/test_tasks.py checks the task)
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32,
+              "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 2,
+              "vocab_size": 128, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+              "bos_token_id": 1, "eos_token_id": 2}
+HF = ["--seq", "16", "--batch", "4", "--lr", "1e-2", "--device", "cpu", "--no-monitor"]
+
+
+def _tiny_llama(tmp_path) -> str:
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def test_train_a_hugging_face_config_learns_its_batch(capsys, tmp_path):
+    import math
+
+    log = tmp_path / "log.jsonl"
+    config = _tiny_llama(tmp_path)
+    code, out, err = run(capsys, "train", "--hf-config", config, *HF, "--steps", "20", "--log-every", "1", "--log",
+                         str(log), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    # 28,832 parameters by hand: embeddings and an untied head of 128 x 32, two blocks of 4 x 32 x 32 attention,
+    # 3 x 32 x 64 MLP and two norms, the final norm
+    assert summary["params"] == 2 * 128 * 32 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32
+    assert summary["task"] == "llama" and summary["unit"] == "tokens" and summary["steps"] == 20
+    assert "the plan fits 4 sequences" in summary["auto"]  # the planner captured the same model
+    losses = [json.loads(line)["loss"] for line in log.read_text().splitlines()]
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[0] == pytest.approx(math.log(128), abs=0.1)  # small random weights: about uniform at first
+    assert losses[-1] < losses[0] - 2  # the one repeated batch, learnt by heart
+
+
+def test_train_a_hub_id_from_the_offline_cache(capsys, tmp_path, monkeypatch):
+    hub = pytest.importorskip("huggingface_hub")
+    _tiny_llama(tmp_path)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tiny--llama"  # huggingface_hub's cache layout (test_hub.py)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text((tmp_path / "config.json").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read from the environment at import
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+    code, out, err = run(capsys, "train", "--hf-config", "tiny/llama", *HF, "--steps", "3", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["task"] == "tiny/llama" and summary["steps"] == 3 and summary["params"] == 28_832
+    code, _, err = run(capsys, "train", "--hf-config", "tiny/nope", "--steps", "3")
+    assert code == 2 and err.count("\n") == 1 and "tiny/nope's config.json is not in the Hugging Face cache" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "x.py:f"], "--model and --hf-config both name a model"),
+    (["--example", "text"], "--example text and --hf-config both name a model"),
+    (["--seq", "65"], "--seq 65 is longer than the config's 64 positions"),
+    (["--image-size", "16"], "--image-size applies to --example image"),
+    (["--loss", "chunked"], "plan only: --loss chunked"),
+])
+def test_hf_config_conflicts_are_one_line(capsys, tmp_path, args, message):
+    code, _, err = run(capsys, "train", "--hf-config", _tiny_llama(tmp_path), "--steps", "2", "--no-auto", *args)
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+HF_DATA = '''
+import torch
+
+
+def tokens():
+    """Sequences counting up from a random start, mod 128: the next token is the last plus one."""
+    g = torch.Generator().manual_seed(0)
+    ids = (torch.randint(128, (40, 1), generator=g) + torch.arange(16)) % 128
+    return torch.utils.data.TensorDataset(ids[:32], ids[:32]), torch.utils.data.TensorDataset(ids[32:], ids[32:])
+'''
+
+
+def test_train_a_hugging_face_config_on_a_users_dataset(capsys, tmp_path):
+    import math
+
+    data = tmp_path / "data.py"
+    data.write_text(HF_DATA)
+    code, out, err = run(capsys, "train", "--hf-config", _tiny_llama(tmp_path), "--data", f"{data}:tokens",
+                         "--steps", "60", "--batch", "8", "--lr", "1e-2", "--device", "cpu", "--no-monitor",
+                         "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["unit"] == "samples" and summary["eval_loss"] < math.log(128) - 2  # the rule, on held-out rows
+
+
+def test_resume_a_hugging_face_run_and_refuse_another_config(capsys, tmp_path):
+    import shutil
+
+    config = _tiny_llama(tmp_path)
+    args = ["train", "--hf-config", config, *HF, "--steps", "10", "--log-every", "1"]
+    straight, resumed, ckpts = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "ckpt"
+    assert run(capsys, *args, "--log", str(straight))[0] == 0
+    assert run(capsys, *args, "--checkpoint-dir", str(ckpts), "--checkpoint-every", "5")[0] == 0
+    shutil.rmtree(ckpts / "step-000000010")  # as if stopped after the checkpoint at step 5
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(TINY_LLAMA, num_hidden_layers=1)))
+    code, _, err = run(capsys, "train", "--hf-config", str(other), "--checkpoint-dir", str(ckpts), "--resume")
+    assert code == 2 and f"--hf-config {other} here, {config} in the checkpoint" in err
+    code, out, err = run(capsys, "train", "--checkpoint-dir", str(ckpts), "--resume", "--log", str(resumed))
+    assert code == 0 and "resumed from 5" in out, err  # the config taken from the checkpoint
+    a = [json.loads(line) for line in straight.read_text().splitlines()]
+    b = [json.loads(line) for line in resumed.read_text().splitlines()]
+    assert [e["loss"] for e in a if e["step"] > 5] == [e["loss"] for e in b] and len(b) == 5

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from gpuwise.cli._app import CompileFlag, DeviceOption, JsonFlag, app
-from gpuwise.training.config import IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOptions
+from gpuwise.training.config import HF_SEQ, IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOptions
 
 
 def _default(cls: type, name: str) -> str:
@@ -26,17 +26,24 @@ def _default(cls: type, name: str) -> str:
 def train(
     example: Annotated[str | None, typer.Option(
         help="The built-in example: text (a character GPT on Python's own docs) or image (a small CNN on synthetic "
-             f"images); not with --model {_default(TrainOptions, 'example')}.")] = None,
+             f"images); not with --model or --hf-config {_default(TrainOptions, 'example')}.")] = None,
     model: Annotated[str | None, typer.Option(help="Your model: file.py:function, function(batch) returns "
                                                    "(model, inputs) as for gpuwise plan.")] = None,
+    hf_config: Annotated[str | None, typer.Option(
+        help="A Hugging Face model: its config.json, a folder holding one, or a Hub id owner/name (read from the "
+             "Hugging Face cache first); transformers builds it with random weights, as gpuwise plan --hf-config "
+             "plans it. Without --data it learns one batch of random tokens by heart.")] = None,
     data: Annotated[str | None, typer.Option(help="Your data: file.py:function returning a Dataset of (input, "
-                                                  "target) items, or (train, val) Datasets. Needs --model.")] = None,
+                                                  "target) items, or (train, val) Datasets. Needs --model or "
+                                                  "--hf-config.")] = None,
     steps: Annotated[int | None, typer.Option(help=f"Optimizer steps {_default(TrainConfig, 'steps')}.")] = None,
     batch: Annotated[int | None, typer.Option(help="Global batch: samples (or sequences) per optimizer step over "
                                                    f"every GPU {_default(TrainConfig, 'batch')}.")] = None,
     micro_batch: Annotated[int | None, typer.Option(help="Samples per GPU per forward; the rest of --batch is "
                                                          "accumulated [--auto's choice].")] = None,
-    seq: Annotated[int | None, typer.Option(help=f"--example text: characters per sequence [{TEXT_SEQ}].")] = None,
+    seq: Annotated[int | None, typer.Option(help=f"--example text: characters per sequence [{TEXT_SEQ}]; "
+                                                 f"--hf-config: tokens per sequence [{HF_SEQ}, at most the config's "
+                                                 "positions].")] = None,
     image_size: Annotated[int | None, typer.Option(help=f"--example image: pixels per side [{IMAGE_SIZE}].")] = None,
     lr: Annotated[float | None, typer.Option(help=f"Peak learning rate {_default(TrainConfig, 'lr')}.")] = None,
     precision: Annotated[str | None, typer.Option(
@@ -114,12 +121,16 @@ def train(
 
     Examples: gpuwise train; gpuwise train --example image; gpuwise train --steps 500 --checkpoint-dir runs/char;
     gpuwise train --checkpoint-dir runs/char --resume --steps 1000; gpuwise train --model m.py:build --data
-    m.py:dataset; torchrun --nproc_per_node 2 -m gpuwise train --gpus 2 --sharding fsdp
+    m.py:dataset; gpuwise train --hf-config Qwen/Qwen3-0.6B --seq 512 --data m.py:tokens;
+    torchrun --nproc_per_node 2 -m gpuwise train --gpus 2 --sharding fsdp
     """
     import json as _json
 
+    from gpuwise.errors import GpuwiseError
     from gpuwise.training.config import plan_only
 
+    if hf_config is not None and example is not None:
+        raise GpuwiseError(f"--example {example} and --hf-config both name a model", "pass one of them")
     for flag, value in (("--weights", weights), ("--context", context)):
         if value is not None:
             raise plan_only(f"{flag} {value} (inference) is planned by gpuwise plan; gpuwise train trains",
@@ -139,15 +150,17 @@ def train(
     given |= {"loss": loss, "sync_batchnorm": sync_batchnorm or None}
     config = TrainConfig(**{k: v for k, v in given.items() if v is not None})
     chosen = {"example": example, "auto": auto, "task": task}
-    options = TrainOptions(model=model, data=data, seq=seq, image_size=image_size, device=device, gpus=n_gpus,
-                           fused=fused, workers=workers, checkpoint_dir=checkpoint_dir, resume=resume,
-                           lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets,
+    options = TrainOptions(model=model, hf_config=hf_config, data=data, seq=seq, image_size=image_size,
+                           device=device, gpus=n_gpus, fused=fused, workers=workers, checkpoint_dir=checkpoint_dir,
+                           resume=resume, lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets,
                            lora_dropout=lora_dropout, qlora_recipe=qlora_recipe, config=config, monitor=monitor,
                            **{k: v for k, v in chosen.items() if v is not None})
     if fix_input and not monitor:
-        from gpuwise.errors import GpuwiseError
-
         raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
+    if hf_config is not None:
+        from gpuwise.planning.sources.hub import model_files
+
+        model_files(None, hf_config)  # a missing file, or a Hub id neither cached nor reachable
     # The arguments are checked: now torch loads.
     from gpuwise import render
     from gpuwise.files import LogFile
@@ -155,8 +168,8 @@ def train(
     from gpuwise.training.interrupt import Interrupted
     from gpuwise.training.run import resume_options, run_training
 
-    typed = {k for k, v in {**given, "example": example, "model": model, "data": data, "seq": seq,
-                            "image_size": image_size, "workers": workers}.items() if v is not None}
+    typed = {k for k, v in {**given, "example": example, "model": model, "hf_config": hf_config, "data": data,
+                            "seq": seq, "image_size": image_size, "workers": workers}.items() if v is not None}
     options, notes = resume_options(options, typed)
     config = options.config
     console = Console(stderr=True, highlight=False)

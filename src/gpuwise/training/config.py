@@ -26,6 +26,7 @@ TrainSharding = Literal["ddp", "fsdp"]  # what train runs of the planner's ddp|z
 Example = Literal["text", "image"]
 SEED_LIMIT = 1 << 32
 TEXT_SEQ = 128  # --example text: characters per sequence when --seq is not given
+HF_SEQ = 128  # --hf-config: tokens per sequence when --seq is not given (at most the config's positions)
 IMAGE_SIZE = 32  # --example image: pixels per side when --image-size is not given
 
 
@@ -152,8 +153,9 @@ class TrainOptions:
 
     example: Example = "text"  # the built-in example: text (character GPT) or image (small CNN); not with --model
     model: str | None = None  # file.py:function -> (model, inputs)
+    hf_config: str | None = None  # a Hugging Face config.json, folder, checkpoint file or Hub id: transformers' model
     data: str | None = None  # file.py:function -> Dataset (or (train, val))
-    seq: int | None = None  # --example text: characters per sequence; None: TEXT_SEQ
+    seq: int | None = None  # --example text: characters per sequence (None: TEXT_SEQ); --hf-config: tokens (HF_SEQ)
     image_size: int | None = None  # --example image: pixels per side; None: IMAGE_SIZE
     device: str | None = None  # None: the default device (hardware.device.default_device)
     gpus: int | None = None  # None: whatever torchrun started; else it must equal torchrun's world size
@@ -196,8 +198,13 @@ class TrainOptions:
             raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
         if self.checkpoint_dir is not None:
             not_a_folder(Path(self.checkpoint_dir))
-        if self.data and not self.model:
-            raise GpuwiseError("--data needs --model", "pass --model file.py:function for the data to train")
+        if self.hf_config is not None and self.model:
+            raise GpuwiseError("--model and --hf-config both name a model", "pass one of them")
+        if self.hf_config is not None and self.example != "text":
+            raise GpuwiseError(f"--example {self.example} and --hf-config both name a model", "pass one of them")
+        if self.data and not (self.model or self.hf_config):
+            raise GpuwiseError("--data needs --model or --hf-config",
+                               "pass --model file.py:function (or --hf-config) for the model the data trains")
         for flag, spec in (("--model", self.model), ("--data", self.data)):
             if spec is not None:
                 file_function(spec, flag)  # a missing file is refused before torch loads

@@ -108,15 +108,21 @@ def prepare(opts: TrainOptions, ranks: Ranks, machine: LocalMachine) -> Prepared
 def _task(opts: TrainOptions, batch: int, seed: int, gpus_here: int):
     from gpuwise.training import tasks
 
-    if opts.config.loss != "standard" and (opts.model or opts.example != "text"):
+    if opts.config.loss != "standard" and (opts.model or opts.hf_config is not None or opts.example != "text"):
         raise plan_only(f"--loss {opts.config.loss} runs in gpuwise train for --example text (the built-in GPT); "
                         "your model computes its own loss", "drop --loss, or see the plan with gpuwise plan")
-    if opts.model:
-        if opts.seq is not None or opts.image_size is not None:
-            raise GpuwiseError("--seq and --image-size do not apply to --model", "size the data in your functions")
+    if opts.model or opts.hf_config is not None:
         from gpuwise.environment import suggested_workers, usable_cores
 
         workers = opts.workers if opts.workers is not None else suggested_workers(usable_cores(), gpus_here)
+    if opts.hf_config is not None:
+        if opts.image_size is not None:
+            raise GpuwiseError("--image-size applies to --example image", "drop --image-size (an image model of "
+                               "--hf-config takes the image size of its config)")
+        return tasks.hf_task(opts.hf_config, opts.data, opts.seq, batch, seed, workers)
+    if opts.model:
+        if opts.seq is not None or opts.image_size is not None:
+            raise GpuwiseError("--seq and --image-size do not apply to --model", "size the data in your functions")
         return tasks.file_task(opts.model, opts.data, batch, seed, workers)
     if opts.example == "text":
         if opts.image_size is not None:
@@ -324,16 +330,17 @@ def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int
 
 # Settings a checkpoint keeps so ``--resume`` need not repeat them: those that change what is trained (a
 # different value is a conflict) and those that only say how long and how often (the new value wins).
-FIXED = ("example", "model", "data", "seq", "image_size", "batch", "lr", "seed", "precision", "sharding")
+FIXED = ("example", "model", "hf_config", "data", "seq", "image_size", "batch", "lr", "seed", "precision",
+         "sharding")
 CARRIED = ("steps", "checkpoint_every", "log_every", "eval_every", "checkpointing", "compile", "loss", "workers",
            "warmup_steps", "weight_decay", "grad_clip", "min_lr_ratio", "sync_batchnorm")
-OPTION_FIELDS = ("example", "model", "data", "seq", "image_size", "workers")
+OPTION_FIELDS = ("example", "model", "hf_config", "data", "seq", "image_size", "workers")
 
 
 def saved_settings(opts: TrainOptions, config: TrainConfig) -> dict[str, object]:
     """What a checkpoint of this run records of its settings (plain JSON values)."""
     settings = {name: getattr(opts if name in OPTION_FIELDS else config, name) for name in (*FIXED, *CARRIED)}
-    builtin = None if opts.model else opts.example  # the sizes the built-in examples default to, written out
+    builtin = None if opts.model or opts.hf_config is not None else opts.example  # the built-in examples' sizes
     settings["seq"] = opts.seq if opts.seq is not None else TEXT_SEQ if builtin == "text" else None
     settings["image_size"] = opts.image_size if opts.image_size is not None else IMAGE_SIZE \
         if builtin == "image" else None
@@ -361,7 +368,7 @@ def resume_options(opts: TrainOptions, given: set[str]) -> tuple[TrainOptions, l
                                "checkpoint's value, or start afresh with another --checkpoint-dir")
     taken = {name: saved[name] for name in (*FIXED, *CARRIED)
              if name in saved and name not in given and saved[name] != mine[name]}
-    if "model" in taken and "example" not in taken:  # a model run: the example flag does not apply
+    if ("model" in taken or "hf_config" in taken) and "example" not in taken:  # the example flag does not apply
         taken.pop("example", None)
     option_part = {k: v for k, v in taken.items() if k in OPTION_FIELDS}
     config_part = {k: v for k, v in taken.items() if k not in OPTION_FIELDS}

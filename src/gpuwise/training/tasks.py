@@ -1,5 +1,6 @@
-"""What ``gpuwise train`` trains: the character GPT on Python's own text, a small CNN on synthetic images, or
-the user's model (``--model file.py:function``) on the user's data (``--data file.py:function``).
+"""What ``gpuwise train`` trains: the character GPT on Python's own text, a small CNN on synthetic images, the
+user's model (``--model file.py:function``) or transformers' model of a config (``--hf-config``, a path or a Hub id)
+on the user's data (``--data file.py:function``).
 
 A task bundles the model factory, the training and held-out data, the loss, and the planner's view of the
 same step (a source), so ``--auto`` and the MFU figure describe exactly what is trained.
@@ -7,7 +8,7 @@ same step (a source), so ``--auto`` and the MFU figure describe exactly what is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -120,18 +121,7 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
             _, inputs = build_real(batch)
         data, eval_data = Fixed(inputs), None
     else:
-        data_path, data_name = file_function(data_spec, "--data")
-        data_fn = _no_exit(FileSource(path=data_path, function=data_name).load, f"importing {data_path.name}")
-        try:
-            made = _no_exit(data_fn, f"{data_path.name}:{data_name}()")
-        except GpuwiseError:
-            raise
-        except Exception as exc:
-            raise GpuwiseError(f"{data_path.name}:{data_name}() raised {first_line(exc)}",
-                               "fix the function; it takes no arguments and returns a Dataset") from exc
-        train, val = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
-        data = DatasetBatches(train, seed=seed, workers=workers)
-        eval_data = DatasetBatches(val, seed=seed, workers=workers) if val is not None else None
+        data, eval_data = _user_data(data_spec, seed, workers)
 
     def build() -> nn.Module:
         model, _ = build_real(1)
@@ -139,6 +129,113 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
 
     return Task(name=source.name, build=build, data=data, eval_data=eval_data, loss_fn=default_loss,
                 source=source, unit="samples")
+
+
+@dataclass(frozen=True)
+class FixedLabelled:
+    """The same keyword inputs and labels every step (``--hf-config`` without ``--data``): on one repeated batch
+    the loss falls as the model learns it by heart, which shows the loop trains."""
+
+    inputs: Mapping[str, torch.Tensor]  # the model's main input by name: input_ids, pixel_values...
+    labels: torch.Tensor  # what its loss reads: the token ids again (a causal LM), a class a sample...
+
+    def batch(self, number: int, size: int) -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
+        return self.inputs, self.labels
+
+
+def hf_task(hf_config: str, data_spec: str | None, seq: int | None, batch: int, seed: int, workers: int) -> Task:
+    """transformers' model of ``--hf-config`` (a config.json, a folder, a checkpoint file or a Hub id), built for
+    real with random weights as ``gpuwise plan --hf-config`` builds it (the class config.json names, the same
+    attention), and trained with its own loss: on ``--data``'s Dataset, else on one batch of random inputs fixed by
+    the seed (token ids below the vocabulary, and the labels its loss reads: the ids themselves for a causal LM)."""
+    import warnings
+
+    from gpuwise.compat import FakeTensor, FakeTensorMode
+    from gpuwise.planning.setup import Setup
+    from gpuwise.planning.sources import hf_inputs
+    from gpuwise.planning.sources.resolve import resolve_source
+    from gpuwise.training.config import HF_SEQ
+
+    source = resolve_source(None, hf_config)
+    arch = (source.config.get("architectures") or [source.config["model_type"]])[0]
+    main = hf_inputs.main_input(source.model_class)  # input_ids, pixel_values, input_features...
+    tokens = hf_inputs.kind(source.model_class) == hf_inputs.TOKENS
+    if seq is not None and not tokens:
+        raise GpuwiseError(f"--seq does not apply to {arch}, which takes {main}", "drop --seq")
+    if tokens and seq is None:
+        seq = min(HF_SEQ, source.max_positions or HF_SEQ)
+    setup = Setup(seq=seq, precision="fp32")
+    source.check(setup)  # --seq beyond the config's positions, inputs transformers' model does not take
+
+    if data_spec is None:
+        # the planner's own inputs for the step (hf_inputs.py), made on fake tensors: nothing of the model is
+        # allocated. Token ids and class labels come real from there; images and audio are drawn here
+        with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True), \
+                torch.device("cpu"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(seed)
+            example = source.build(setup, batch, None)
+        if example.targets is None:
+            raise GpuwiseError(f"{arch} has no head whose loss takes labels: transformers computes no loss to "
+                               "train", "name a class with a head in config.json's architectures, e.g. "
+                               "LlamaForCausalLM for a LlamaModel")
+        g = torch.Generator().manual_seed(seed)
+
+        def real(t: torch.Tensor, what: str) -> torch.Tensor:
+            if not isinstance(t, FakeTensor):
+                return t
+            if not t.is_floating_point():
+                raise GpuwiseError(f"gpuwise makes no random {what} for {arch}",
+                                   "pass --data file.py:function returning a Dataset of its inputs and labels")
+            return torch.randn(t.shape, generator=g, dtype=t.dtype)
+
+        labels = real(example.targets, "labels")
+        data, eval_data = FixedLabelled(inputs={main: real(example.inputs[0], main)}, labels=labels), None
+        unit = "tokens" if tokens and labels.dim() > 1 else "samples"  # what the Trainer counts: labels' elements
+    else:
+        data, eval_data = _user_data(data_spec, seed, workers)
+        unit = "samples"
+
+    def build() -> nn.Module:
+        model = source.build(setup, 1, None).model  # for real: random weights, on the current default device
+        if getattr(model.config, "use_cache", None) is not None:
+            model.config.use_cache = False  # a training step keeps no KV cache (as the planned step runs it)
+        return model
+
+    return Task(name=source.name, build=build, data=data, eval_data=eval_data, loss_fn=hf_loss(main),
+                source=source, unit=unit, seq=seq)
+
+
+def hf_loss(main: str) -> LossFn:
+    """The model's own loss, which transformers computes from the labels (a causal LM's shifted by one token): a
+    batch's tensor input passed as ``main`` (input_ids, pixel_values...), its target as ``labels``; the rest as
+    ``default_loss`` takes it (a dict of keyword inputs that holds the labels itself)."""
+    def loss(model: nn.Module, x: Any, y: Any) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            x = {main: x}
+        if isinstance(x, Mapping) and isinstance(y, torch.Tensor) and "labels" not in x:
+            x = {**x, "labels": y}
+        return default_loss(model, x, y)
+
+    return loss
+
+
+def _user_data(data_spec: str, seed: int, workers: int) -> tuple[DatasetBatches, DatasetBatches | None]:
+    """``--data file.py:function``: the training Dataset it returns, and the held-out one if it returns two."""
+    from gpuwise.planning.sources.file import FileSource
+
+    data_path, data_name = file_function(data_spec, "--data")
+    data_fn = _no_exit(FileSource(path=data_path, function=data_name).load, f"importing {data_path.name}")
+    try:
+        made = _no_exit(data_fn, f"{data_path.name}:{data_name}()")
+    except GpuwiseError:
+        raise
+    except Exception as exc:
+        raise GpuwiseError(f"{data_path.name}:{data_name}() raised {first_line(exc)}",
+                           "fix the function; it takes no arguments and returns a Dataset") from exc
+    train, val = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    return (DatasetBatches(train, seed=seed, workers=workers),
+            DatasetBatches(val, seed=seed, workers=workers) if val is not None else None)
 
 
 def _no_exit(call: Callable[[], Any], what: str) -> Any:
