@@ -12,14 +12,20 @@ commit of each file; one ``--commit provider=SHA`` per provider then):
     python scripts/prices_snapshot.py tests/recommend/data/skypilot-catalog --date 2026-12-04 \
         --commit lambda=0f4070387edc953d7004cff197940e1918a1d6aa \
         --commit nebius=0082b0435f3912ae4c566856b272455cc78f4f61 \
-        --commit hyperstack=fdc9d908ab0b2af9f468f139fb3f662c8c6b3257 lambda nebius hyperstack
+        --commit hyperstack=fdc9d908ab0b2af9f468f139fb3f662c8c6b3257 \
+        --commit aws=e385a0d348eda9cefd9806423e7725944dc249e4 \
+        --commit cudo=113567a74b2f208af08e0c9236e26cc354a2bf65 \
+        --commit vast=01b8cdda287814b30ff0acb49746cca19fbd4355 \
+        --commit verda=000c1d0bf24621f4ac37cfa585f0897c1aa1d9cf \
+        lambda nebius hyperstack aws cudo vast verda
 
 Each ``catalogs/v8/<provider>/vms.csv`` has (in any order) the columns InstanceType, AcceleratorName,
 AcceleratorCount, Price, SpotPrice and Region; Price and SpotPrice are USD per hour for the whole instance, so a
 GPU-hour is ``Price / AcceleratorCount``. Instance sizes stay apart (a one-GPU job cannot rent an eighth of an
 8-GPU machine); within one, the cheapest region, not the median, is kept: a renter picks the region and size
-they can use, and the cheapest offer is the one a recommendation should beat. Rows without a GPU, with a price of 0
-or none, or with an accelerator name not in NAMES (listed at the end, "unmapped") are left out.
+they can use, and the cheapest offer is the one a recommendation should beat. Rows without a GPU, with a fraction of
+one (AWS g6f: a quarter of an L4), with a price of 0 or none, or with an accelerator name not in NAMES (listed at the
+end, "unmapped") are left out. Cells holding commas (Vast's regions: "Texas, US, NA") are quoted in the output.
 
 GCP's file prices its GPUs in rows of their own (no InstanceType) apart from the host VM (a2/a3/g2 rows carry no
 AcceleratorName); this script reads such a GPU row as the GPU's whole price, so it leaves the host out.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import re
 import sys
 from collections import Counter
@@ -47,6 +54,7 @@ NAMES = {
     "A100-80G-PCIe": "a100-80gb-pcie",  # Hyperstack
     "A100-80G-PCIe-NVLink": "a100-80gb-pcie",  # PCIe cards joined by NVLink bridges
     "H100": "h100-sxm",
+    "H100-SXM": "h100-sxm",  # Cudo
     "H100-80G-SXM5": "h100-sxm",
     "H100-80G-PCIe": "h100-pcie",
     "H100-80G-PCIe-NVLink": "h100-pcie",
@@ -55,14 +63,19 @@ NAMES = {
     "L4": "l4",
     "L40": "l40",
     "L40S": "l40s",
+    "A40": "a40",
     "T4": "t4",
     "A10": "a10",
     "A10G": "a10g",
     "A6000": "rtx-a6000",  # Lambda
     "RTX-A6000": "rtx-a6000",  # Hyperstack
     "RTXA6000": "rtx-a6000",
+    "RTX-6000-Ada": "rtx-6000-ada",  # Verda
+    "RTX6000-Ada": "rtx-6000-ada",  # Vast
+    "RTX5090": "rtx-5090",
     "RTX4090": "rtx-4090",
     "RTX3090": "rtx-3090",
+    "RTX3070": "rtx-3070",  # 8 GB only
     "MI300X": "mi300x",
 }
 
@@ -72,6 +85,15 @@ INSTANCES: tuple[tuple[str, re.Pattern[str], str | None], ...] = (
     ("lambda", re.compile(r"_h100_pcie$"), "h100-pcie"),
     # gpu_1x_a100 is a PCIe board and gpu_{2,4,8}x_a100 do not say; gpu_1x_a100_sxm4 says SXM4
     ("lambda", re.compile(r"^gpu_\d+x_a100$"), None),
+    # Cudo's "A100" is a PCIe board (epyc-genoa-a100-pcie_*, intel-ice-lake-a100-pci_*) whose memory the name omits
+    ("cudo", re.compile(r"-a100-pci"), None),
+    # Vast names the board in the instance: H100_SXM, H100_NVL, H100_PCIE under one AcceleratorName "H100"; its
+    # "A100" covers 40 GB SXM4 and 80 GB PCIe cards alike, and the memory is not in the name
+    ("vast", re.compile(r"-H100_SXM-"), "h100-sxm"),
+    ("vast", re.compile(r"-H100_NVL-"), "h100-nvl"),
+    ("vast", re.compile(r"-H100_PCIE-"), "h100-pcie"),
+    ("vast", re.compile(r"-A100_"), None),
+    ("vast", re.compile(r"_NVL-"), None),  # H200 NVL: not the SXM H200 of the catalog
 )
 
 
@@ -100,7 +122,7 @@ def offers(provider: str, path: Path) -> tuple[dict[tuple[str, str, int], dict[s
         for row in csv.DictReader(f):
             name = (row.get("AcceleratorName") or "").strip()
             count = _usd(row.get("AcceleratorCount"))
-            if not name or count is None:
+            if not name or count is None or count < 1:  # no GPU, or a slice of one (AWS g6f)
                 continue
             instance = (row.get("InstanceType") or "").strip()
             key = key_of(provider, instance, name)
@@ -132,9 +154,11 @@ def snapshot(root: Path, providers: list[str], commits: dict[str, str], date: st
 
 
 def render(rows: list[dict[str, str]]) -> str:
-    lines = [",".join(COLUMNS)]
-    lines += [",".join(row[c] for c in COLUMNS) for row in rows]
-    return "\n".join(lines) + "\n"
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")  # quotes only cells that need it (a comma in a region)
+    writer.writerow(COLUMNS)
+    writer.writerows([row[c] for c in COLUMNS] for row in rows)
+    return out.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:

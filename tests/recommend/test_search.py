@@ -138,8 +138,8 @@ def test_a_job_costs_what_the_quotes_and_the_board_power_say():
     assert c.per_joule == pytest.approx(17.857, rel=1e-4)  # 100k tokens/s over 5600 W
     none = costs(h100, gpus=8, throughput=1e5, hours=None, rent={}, buy={})  # no goal: no job figures
     assert none.rent_usd is None and none.energy_kwh is None
-    # no quote: the cheapest on-demand cloud offer for 8 (the snapshot: Hyperstack's n3-H100-SXM5x8, $19.20/h for 8)
-    assert (none.rent_usd_per_hour.provider, none.rent_usd_per_hour.usd) == ("hyperstack", pytest.approx(19.2 / 8))
+    # no quote: the cheapest on-demand cloud offer in instances of up to 8 (the snapshot: Cudo's 1-GPU H100, $1.8214/h)
+    assert (none.rent_usd_per_hour.provider, none.rent_usd_per_hour.usd) == ("cudo", pytest.approx(1.8214))
 
 
 def test_the_rows_use_the_users_quote_and_the_precision_the_gpu_has(ranked):

@@ -141,8 +141,9 @@ def recommend(
                       ] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Rent at the price snapshot's spot prices (spare capacity "
                                                       "the cloud may take back) [on-demand].")] = False,
-    provider: Annotated[str | None, typer.Option(help="Rent from this cloud of the price snapshot only (lambda, "
-                                                      "nebius, hyperstack) [the cheapest offer].")] = None,
+    provider: Annotated[str | None, typer.Option(help="Rent from this cloud of the price snapshot only (aws, cudo, "
+                                                      "hyperstack, lambda, nebius, vast, verda) [the cheapest offer].")
+                        ] = None,
     sort: Annotated[str | None, typer.Option(help="time, cost or energy [time; cost when serving].")] = None,
     plot: Annotated[str | None, typer.Option(help="Draw time to goal against cost, with the Pareto front, "
                                                   "to this PNG or SVG file.")] = None,

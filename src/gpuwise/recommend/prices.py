@@ -7,7 +7,7 @@ provider, kind and instance size, the cheapest USD per GPU-hour in SkyPilot's ca
 >>> costs(acc, gpus=8, throughput=1e5, hours=1.0, rent={}, buy={}).energy_kwh            # doctest: +SKIP
 5.6
 >>> [(p.provider, p.kind, p.usd) for p in offers(catalog.find("h100"), gpus=1)][:2]    # doctest: +SKIP
-[('nebius', 'spot', 1.25), ('nebius', 'on-demand', 2.95)]
+[('verda', 'spot', 0.8015), ('nebius', 'spot', 1.25)]
 """
 
 from __future__ import annotations
