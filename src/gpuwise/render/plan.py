@@ -159,14 +159,13 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     console.print(at_peak)
 
     sheet = plan_sheet(plan)
-    segments = {a.key: a.segment for a in load_catalog().filter()}
     rows: list[Any] = []
     group = None
-    for row in sheet.rows:  # a title row per catalog segment, a gap before it
-        if segments.get(row["gpu"]) != group and len(sheet.rows) > 1:
-            group = segments.get(row["gpu"])
+    for row in sheet.rows:  # a title row per catalog segment (the sheet's own column), a gap before it
+        if row["segment"] != group and len(sheet.rows) > 1:
+            group = row["segment"]
             rows.append(Text(group or "other", style="dim italic"))
-        rows.append([c.text(row) for c in sheet.columns if c.table])
+        rows.append([c.text(row) for c in sheet.shown])
     # never a cut figure nor a split name: at a narrow width the least-needed columns go, and a line says which
     fits, hidden = fit_table(sheet.shown, rows, console.width, title=sheet.title, edge=False)
     console.print(fits)
