@@ -15,8 +15,9 @@ ResNet-50 point are held out. costmodel.EFFICIENCY's matmul share is fitted on p
 (benchmarks/speed_validation.py), no Lambda point.
 
 Decode: llama.cpp llama-bench, LLaMA 3 8B, tg1024 (XiongjieDai/GPU-Benchmarks-on-LLM-Inference, RunPod, May 2024),
-predicted by serving.decode_time at the mean context 512. serving.DECODE was fitted on the 3090, 4090, A6000
-(GDDR) and A100 SXM (HBM) points of this very table: those are marked "fit", the rest are held out.
+predicted by the serving step model for llama.cpp (replica.stream_tokens_per_s at the mean context 512). Its
+llama.cpp constants (runtimes.RUNTIMES["llama.cpp"]) were fitted on the 3090, 4090 and A100 SXM points of this very
+table (benchmarks/serving_truth.py's FIT): those are marked "fit", the rest are held out.
 Predictions only: nothing runs on a GPU.
 
     OMP_NUM_THREADS=1 python benchmarks/recommend_order.py
@@ -37,8 +38,10 @@ from gpuwise.hardware.catalog import load_catalog
 from gpuwise.models import get_model
 from gpuwise.planning.capture.workload import simulate
 from gpuwise.planning.cost import step as costmodel
-from gpuwise.planning.cost.serving import decode_time
+from gpuwise.planning.cost.replica import model_shape, stream_tokens_per_s
+from gpuwise.planning.cost.runtimes import RUNTIMES
 from gpuwise.planning.parallel.sharding import capture_setup, per_gpu
+from gpuwise.planning.planner import Planner
 from gpuwise.planning.setup import Setup
 from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.precision import same_bytes
@@ -110,7 +113,7 @@ LLAMA3_Q4 = Workload(
     name="LLaMA 3 8B Q4_K_M decode, llama.cpp, batch 1, tg1024", unit="tok/s", kind="decode", weight_gib=4.58,
     source=_XD, points=(
         Point("rtx-3090", 111.74, fit=True), Point("rtx-4090", 127.74, fit=True), Point("rtx-4080", 106.22),
-        Point("rtx-a6000", 102.22, fit=True), Point("l40s", 113.60), Point("rtx-6000-ada", 130.99),
+        Point("rtx-a6000", 102.22), Point("l40s", 113.60), Point("rtx-6000-ada", 130.99),
         Point("a40", 88.95), Point("a100-80gb-sxm", 133.38, fit=True), Point("h100-pcie", 144.49),
     ),
 )
@@ -118,7 +121,7 @@ LLAMA3_F16 = Workload(
     name="LLaMA 3 8B F16 decode, llama.cpp, batch 1, tg1024", unit="tok/s", kind="decode", weight_gib=14.96,
     source=_XD, points=(
         Point("rtx-3090", 46.51, fit=True), Point("rtx-4090", 54.34, fit=True), Point("rtx-4080", 40.29),
-        Point("rtx-a6000", 40.25, fit=True), Point("l40s", 43.42), Point("rtx-6000-ada", 51.97),
+        Point("rtx-a6000", 40.25), Point("l40s", 43.42), Point("rtx-6000-ada", 51.97),
         Point("a40", 33.95), Point("a100-80gb-sxm", 53.18, fit=True), Point("h100-pcie", 67.79),
     ),
 )
@@ -128,7 +131,11 @@ WORKLOADS = (BERT_LARGE, RESNET50, LLAMA3_Q4, LLAMA3_F16)
 # kernel-time model (cost/kernels.py) prices every training row from per-kernel measurements, so all are held out.
 FIT_BEFORE_ISSUE_26 = {("HBM", "Ampere"): "a100-40gb-pcie", ("GDDR", "Ampere"): "a10",
                        ("GDDR", "Ada"): "rtx-6000-ada", ("HBM", "Hopper"): "h100-pcie"}
-LLAMA3_8B = dict(params=8.03e9, layers=32, kv_heads=8, heads=32, head_dim=128)
+@functools.cache
+def _llama3_shape():
+    """LLaMA 3 8B's kernels from its captured decode step at the mean context of tg1024, 512 tokens."""
+    source = ZooSource(zoo=get_model("llama3-8b"))
+    return model_shape(Planner(source), source.decoder, context=512)[0]
 
 
 @functools.cache
@@ -145,7 +152,8 @@ def predict(w: Workload, p: Point) -> float:
     """Samples/s (training) or tokens/s (decode) of one GPU, as the engine predicts it."""
     acc = load_catalog().get(p.gpu)
     if w.kind == "decode":
-        return decode_time(acc, **LLAMA3_8B, weight_bytes=w.weight_gib * GiB, context=512).tokens_per_s
+        weights = "q4_k_m" if w.weight_gib < 8 else "f16"
+        return stream_tokens_per_s(_llama3_shape(), acc, RUNTIMES["llama.cpp"], weights=weights, output=1024)
     t = costmodel.step_time(_step(w.model, p.batch, w.seq, w.image_size, w.precision), acc)
     return p.batch / t.seconds
 

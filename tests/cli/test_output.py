@@ -247,7 +247,7 @@ def test_the_fuzz_findings_are_refused_in_one_line(capsys, argv, words):
 def test_the_torch_free_names_match_the_tables_they_stand_for():
     """recommend --weights and bench --ops/--dtype are checked against names written without torch: the same set."""
     from gpuwise.bench import DTYPES
-    from gpuwise.planning.cost.serving import WEIGHT_BYTES
+    from gpuwise.planning.cost.llm_step import WEIGHT_BYTES
     from gpuwise.precision import ELEMENT_TYPES
     from gpuwise.recommend.request import SERVED_WEIGHTS
 

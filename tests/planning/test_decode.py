@@ -11,8 +11,11 @@ import pytest
 from conftest import run_cli
 from fakes.hf_configs import LLAMA_2_7B, _config
 from gpuwise.hardware.catalog import load_catalog
+from gpuwise.models import get_model
 from gpuwise.planning import Setup, plan_model
-from gpuwise.planning.cost.serving import WEIGHT_BYTES, decode_time
+from gpuwise.planning.cost.llm_step import WEIGHT_BYTES
+from gpuwise.planning.planner import Planner
+from gpuwise.planning.sources.zoo import ZooSource
 from gpuwise.planning.transforms.quantize import FORMATS
 
 run = run_cli
@@ -89,8 +92,8 @@ def test_the_latency_floor_is_bytes_read_over_bandwidth():
     """Llama-2-7B in bf16, one sequence at 4,095 cached tokens, on an RTX 4090 (1,008 GB/s, NVIDIA Ada whitepaper):
     the step reads 2 x 6,738,415,616 weight bytes but the token embedding's 31,999 rows no sequence looks up, and a
     2 GiB cache: 15.24 ms a token, memory-bound (its 13.5 GFLOPs
-    take 0.08 ms at 165 TFLOPS). serving.decode_time's estimate of the same step, with achieved bandwidth and fixed
-    costs, is slower than this floor."""
+    take 0.08 ms at 165 TFLOPS). The serving model's step (llm_step: kernels at their measured bandwidth, the
+    runtime's host time) is slower than this floor."""
     acc = load_catalog().get("rtx-4090")
     assert acc.memory_bandwidth_gbps == 1008
     p = _zoo("llama2-7b", task="decode", context=4095, precision="bf16")
@@ -99,8 +102,14 @@ def test_the_latency_floor_is_bytes_read_over_bandwidth():
     assert fit.token_floor_s == pytest.approx(read / 1008e9, rel=1e-3) == fit.step_time_bound_s == fit.step.bound_s
     assert fit.step.seconds > fit.token_floor_s  # the step modelled op by op is slower than its floor
     assert fit.token_floor_s == pytest.approx(15.24e-3, rel=2e-3)
-    est = decode_time(acc, params=LINEAR_7B + OTHER_7B, layers=32, kv_heads=32, head_dim=128, context=4096)
-    assert est.seconds_per_token > fit.token_floor_s and est.bound == "memory"
+    from gpuwise.planning.cost.llm_step import LlmShape, step_seconds
+    from gpuwise.planning.cost.runtimes import RUNTIMES
+
+    src = ZooSource(zoo=get_model("llama2-7b"))
+    step = Planner(src).per_gpu(Setup(task="decode", micro_batch=1, context=4095, precision="bf16"))
+    shape = LlmShape.of(step, src.decoder, kv_bytes=kv_bytes(32, 32, 128, 4096, 1))
+    est = step_seconds(shape, acc, RUNTIMES["vllm"], decode=1, context=4096)
+    assert est.seconds > fit.token_floor_s and est.bound == "memory"
 
 
 def test_hf_config_and_zoo_agree_on_decode(tmp_path):

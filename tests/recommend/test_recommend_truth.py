@@ -61,15 +61,18 @@ def test_training_order_is_the_measured_one(scores):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "LLaMA 3 F16: measured h100-pcie 27% faster than a100-80gb-sxm, one HBM decode fit (A100 only) for both"))
+    "LLaMA 3 F16: measured h100-pcie 27% faster than a100-80gb-sxm; llama.cpp's HBM streaming share, fitted on "
+    "the A100 SXM alone, prices both"))
 def test_no_noticeable_pair_is_ordered_wrongly_known_gaps(scores):
     assert scores[ro.LLAMA3_F16.name].noticeable == []
 
 
 @pytest.mark.parametrize("name", [ro.LLAMA3_Q4.name, ro.LLAMA3_F16.name])
 def test_decode_error_budget_on_held_out_gpus(scores, name):
+    """The llama.cpp constants are fitted on the 3090, 4090 and A100 SXM points (benchmarks/serving_truth.py FIT);
+    the other six GPUs are held out."""
     held = scores[name].held_out_errors()
-    assert len(held) == 5
+    assert len(held) == 6
     assert statistics.median(held) <= 0.25 and max(held) <= 0.40
 
 

@@ -231,12 +231,13 @@ def test_a_70b_model_needs_datacenter_memory_and_tensor_parallel_when_serving():
     assert {o.gpu for o in free.excluded} == {"rtx-4090"}  # 4 x 24 GiB cannot hold 138 GB of bf16 weights
     a100 = [o for o in free.rows if o.gpu == "a100-80gb-sxm"]
     assert min(o.count for o in a100) == 2  # 2 x 80 GiB is the smallest replica that holds the weights
-    r = serve(resolve_source("llama2-70b", None), Traffic(concurrency=100, tpot_s=0.05), catalog=catalog)
+    r = serve(resolve_source("llama2-70b", None), Traffic(concurrency=100, tpot_s=0.025), catalog=catalog)
     assert r.rows and len(r.rows) < len(free.rows)  # the latency target rules some replicas out
     for o in r.rows:  # within the latency target, and enough sequences in flight for every user
-        assert o.step_time_s <= 0.05
+        assert o.step_time_s <= 0.025
         assert o.throughput >= 100 * o.per_user * (1 - 1e-9)
-        assert o.replicas == 1 or o.max_concurrency < 100  # a second replica only when one cannot hold them all
+        # a second replica only when one cannot hold them all, or not within the target
+        assert o.replicas == 1 or o.max_concurrency < 100 or o.decode_batch < 100
     # memory-bound decode: at equal GPUs the faster memory gives more tokens per user
     two = {o.gpu: o for o in free.rows if o.count == 2}
     assert two["h200"].per_user > two["a100-80gb-sxm"].per_user
@@ -367,7 +368,9 @@ def test_serving_splits_heads_evenly_and_leaves_npus_out_of_decode():
     from gpuwise.recommend.serve import serve
 
     r = serve(resolve_source("gpt2-xl", None), Traffic(concurrency=8), catalog=_catalog("h100-sxm", "apple-ane-m4"))
-    assert {o.count for o in r.rows if o.gpu == "h100-sxm"} == {1}  # 25 heads split over no power of two
+    # 25 heads split over no power of two: more than one GPU a replica only as pipeline stages
+    assert {dict(o.parallel)["tp"] for o in r.rows if o.gpu == "h100-sxm"} == {1}
+    assert all(dict(o.parallel)["pp"] == o.count for o in r.rows if o.gpu == "h100-sxm")
     (ane,) = [o for o in r.excluded if o.gpu == "apple-ane-m4"]
     assert "int8 graphs only" in ane.excluded
     for o in r.rows:

@@ -87,11 +87,15 @@ def test_the_vllm_flags_run_the_row(gemma):
     r = _serve(gemma, max_model_len=CONTEXT, concurrency=1000)
     for o in r.rows:
         args = dict(zip(o.vllm_args[::2], o.vllm_args[1::2], strict=True))
-        assert args["--max-model-len"] == str(CONTEXT) and args["--tensor-parallel-size"] == str(o.count)
-        assert int(args["--max-num-seqs"]) == o.decode_batch == min(256, o.max_concurrency)
+        assert args["--max-model-len"] == str(CONTEXT)
+        layout = dict(o.parallel)  # tensor parallel, or pipeline stages, over the replica's GPUs
+        assert args["--tensor-parallel-size"] == str(layout["tp"])
+        assert int(args.get("--pipeline-parallel-size", 1)) == layout["pp"] and layout["tp"] * layout["pp"] == o.count
+        # the users spread evenly over the replicas (1000 over 4: 250 each), each engine allowed its 256
+        assert int(args["--max-num-seqs"]) == min(256, o.max_concurrency) >= o.decode_batch
         assert args["--kv-cache-dtype"] == "auto" and "--quantization" not in args
         share = float(args["--gpu-memory-utilization"])
-        assert o.decode_batch * o.kv_bytes_per_seq / H100.memory_bytes < share <= 0.9
+        assert int(args["--max-num-seqs"]) * o.kv_bytes_per_seq / H100.memory_bytes < share <= 0.9
 
 
 def test_vllm_names_as_inputs(gemma, capsys):

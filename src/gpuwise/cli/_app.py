@@ -83,7 +83,8 @@ OffloadOption = Annotated[str | None, typer.Option("--offload", help=(
 WeightsOption = Annotated[str | None, typer.Option(help=(
     "Inference weights: bf16 or fp16 (as computed), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes 4-bit, double "
     "quantisation), int4 (AWQ/GPTQ, group 128) or fp8; the blocks' linear layers only; embeddings, norms and head stay "
-    "in the compute dtype. recommend --serve also takes q4_k_m (llama.cpp) [as computed]."))]
+    "in the compute dtype. recommend --serve also takes llama.cpp's GGUF types (q4_0, q4_k_m, q5_k_m, q6_k, q8_0, f16) "
+    "and FP4 (nvfp4, mxfp4: Blackwell) [as computed]."))]
 ContextOption = Annotated[int | None, typer.Option(help=(
     "--task decode: tokens already in each sequence's KV cache; the step feeds one more [the model's default "
     "sequence]."))]

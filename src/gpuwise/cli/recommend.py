@@ -78,6 +78,16 @@ def recommend(
     tokens_per_s: Annotated[float | None, typer.Option(help="Serving: output tokens (or samples) per second to "
                                                             "sustain over all replicas, instead of --concurrency.")
                             ] = None,
+    request_rate: Annotated[float | None, typer.Option(help="Serving: requests a second arriving at random (Poisson) "
+                                                            "over all replicas, instead of --concurrency.")] = None,
+    runtime: Annotated[str | None, typer.Option(help="Serving: the runtime that serves: vllm, sglang, tensorrt-llm, "
+                                                     "llama.cpp or hf (transformers generate); its batching, "
+                                                     "overheads, layouts and formats [llama.cpp for GGUF weights, "
+                                                     "else vllm].")] = None,
+    split: Annotated[str | None, typer.Option(help="Serving: how a replica spreads over its GPUs: tp (tensor "
+                                                   "parallel), pp (pipeline), layer (llama.cpp's default, one GPU "
+                                                   "busy at a time) or row (llama.cpp) [the runtime's fastest]."
+                                              )] = None,
     ttft_ms: Annotated[float | None, typer.Option(help="Serving: longest time to the first token.")] = None,
     tpot_ms: Annotated[float | None, typer.Option(help="Serving: longest time per output token.")] = None,
     weights: WeightsOption = None,
@@ -88,11 +98,11 @@ def recommend(
                                                            "--max-model-len [--prompt-tokens + --output-tokens].")
                              ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Serving: the most sequences a replica decodes at once, "
-                                                          f"vLLM's --max-num-seqs; alone, also --concurrency "
-                                                          f"[{Traffic.max_num_seqs}].")] = None,
+                                                          "vLLM's --max-num-seqs (llama.cpp's --parallel); alone, "
+                                                          "also --concurrency [the runtime's: vllm 256].")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option(
         help="Serving: the share of each GPU's memory for weights, activations and the KV cache, vLLM's "
-             f"--gpu-memory-utilization [{Traffic.gpu_memory_utilization}].")] = None,
+             "--gpu-memory-utilization [the runtime's: vllm 0.9].")] = None,
     batch: Annotated[int | None, typer.Option(help="Global batch: samples per optimizer step over every GPU, kept "
                                                    f"on every row [{Run.batch}].")] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence (language models).")] = None,
@@ -236,13 +246,14 @@ def recommend(
         if trained:
             raise GpuwiseError(f"{trained[0]} has no meaning when serving",
                                f"drop {trained[0]} (the context is --prompt-tokens + --output-tokens)")
-        if concurrency is None and tokens_per_s is None:  # vLLM's one engine at --max-num-seqs: that many users
+        if concurrency is None and tokens_per_s is None and request_rate is None:  # one engine at --max-num-seqs
             concurrency = max_num_seqs
         traffic = Traffic(**_given(prompt_tokens=prompt_tokens, output_tokens=output_tokens, concurrency=concurrency,
                                    tokens_per_s=tokens_per_s, ttft_s=None if ttft_ms is None else ttft_ms / 1e3,
                                    tpot_s=None if tpot_ms is None else tpot_ms / 1e3, weights=weights or None,
                                    kv_dtype=kv_dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                   tensor_parallel=tp, gpu_memory_utilization=gpu_memory_utilization))
+                                   tensor_parallel=tp, gpu_memory_utilization=gpu_memory_utilization,
+                                   request_rate=request_rate, runtime=runtime, split=split))
         from dataclasses import replace
 
         from gpuwise.planning.sources.resolve import resolve_source
@@ -263,7 +274,8 @@ def recommend(
                              ("--tokens-per-s", tokens_per_s), ("--concurrency", concurrency),
                              ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
                              ("--kv-dtype", kv_dtype), ("--max-model-len", max_model_len),
-                             ("--max-num-seqs", max_num_seqs), ("--gpu-memory-utilization", gpu_memory_utilization))
+                             ("--max-num-seqs", max_num_seqs), ("--gpu-memory-utilization", gpu_memory_utilization),
+                             ("--request-rate", request_rate), ("--runtime", runtime), ("--split", split))
               if v is not None]
     if served:
         raise GpuwiseError(f"{served[0]} applies to serving", f"add --serve, or drop {served[0]}")

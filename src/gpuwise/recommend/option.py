@@ -94,6 +94,11 @@ class ServingOption(Option):
     # the vllm serve flags that run this row (a decoder): --max-model-len, --gpu-memory-utilization, --max-num-seqs,
     # --tensor-parallel-size, --kv-cache-dtype and the weights' --quantization (or --dtype)
     vllm_args: tuple[str, ...] | None = None
+    runtime: str | None = None  # the runtime the row is priced for (cost/runtimes.py)
+    # the replica's layout and the fleet: (("tp", n), ("pp", n), ("replicas", n))
+    parallel: tuple[tuple[str, int], ...] | None = None
+    runtime_command: str | None = None  # the runtime's own command for a row (llama-server, sglang, trtllm-serve)
+    prefill_share: float | None = None  # of the tokens a replica processes, the prompts'
 
     @property
     def gpus_total(self) -> int:

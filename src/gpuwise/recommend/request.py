@@ -14,12 +14,14 @@ from typing import Any, Literal, get_args
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import ECOSYSTEMS, SEGMENTS, VENDORS
+from gpuwise.planning.cost.runtimes import FP4_BITS, GGUF_BITS, RUNTIMES, default_runtime
 from gpuwise.planning.setup import KvDtype, Setup, Weights
 from gpuwise.recommend.prices import Price
 
 COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-# serving.WEIGHT_BYTES' keys, named without importing it (it loads torch): plan's formats, fp32 and llama.cpp's Q4_K_M
-SERVED_WEIGHTS = ("fp32", *get_args(Weights), "q4_k_m")
+# the weight formats serving prices (llm_step.weight_itemsize): plan's, fp32, GGUF's types by name, and FP4
+SERVED_WEIGHTS = ("fp32", *get_args(Weights), "f16", *GGUF_BITS, *FP4_BITS)
+SPLITS = ("tp", "pp", "layer", "row")  # --split: how a replica spreads over its GPUs (cost/replica.py)
 Mode = Literal["rent", "buy"]
 # vLLM's defaults for vllm serve (docs.vllm.ai engine args, CacheConfig and SchedulerConfig, v0.9-0.10): 90% of each
 # GPU's memory for weights, activations and the KV cache; at most 256 sequences in a batch
@@ -55,22 +57,26 @@ class Goal:
 @dataclass(frozen=True, kw_only=True)
 class Traffic:
     """Serving: requests of ``prompt_tokens`` in and ``output_tokens`` out, ``concurrency`` users at once (or an
-    aggregate ``tokens_per_s`` of output), within optional latency targets, with weights stored as ``weights``; and
-    the engine's settings in vLLM's terms (``max_model_len``, ``max_num_seqs``, ``tensor_parallel``,
-    ``gpu_memory_utilization``, ``kv_dtype``), vLLM's defaults where not given."""
+    aggregate ``tokens_per_s`` of output, or ``request_rate`` requests a second arriving at random), within optional
+    latency targets, with weights stored as ``weights``, served by ``runtime`` (None: runtimes.default_runtime);
+    and the engine's settings in vLLM's terms (``max_model_len``, ``max_num_seqs``, ``tensor_parallel``,
+    ``gpu_memory_utilization``, ``kv_dtype``), the runtime's defaults where not given."""
 
     prompt_tokens: int = 512
     output_tokens: int = 256
     concurrency: int = 1
     tokens_per_s: float | None = None
+    request_rate: float | None = None  # requests a second (Poisson arrivals) the fleet takes
     ttft_s: float | None = None  # time to first token
     tpot_s: float | None = None  # time per output token
-    weights: str = "bf16"  # weight-only format: fp32, fp16, bf16, fp8, int8, int4, nf4
+    weights: str = "bf16"  # weight format: fp32, fp16, bf16, fp8, int8, int4, nf4, GGUF types, nvfp4, mxfp4
     kv_dtype: str | None = None  # the KV cache's storage (setup.KvDtype); None: the model's dtype, vLLM's auto
     max_model_len: int | None = None  # the context a replica holds a sequence at; None: prompt + output tokens
-    max_num_seqs: int = VLLM_MAX_NUM_SEQS  # the most sequences a replica decodes at once
+    max_num_seqs: int | None = None  # the most sequences a replica decodes at once; None: the runtime's default
     tensor_parallel: int | None = None  # GPUs a replica (vLLM's --tensor-parallel-size); None: each of 1, 2, 4, 8
-    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION  # the share of each GPU's memory the engine may use
+    gpu_memory_utilization: float | None = None  # the share of each GPU's memory the engine may use; None: runtime's
+    runtime: str | None = None  # llama.cpp, vllm, sglang, tensorrt-llm, hf; None: default_runtime(weights)
+    split: str | None = None  # how a replica spreads over GPUs (SPLITS); None: every layout the runtime has
 
     def __post_init__(self) -> None:
         for name, value, limit in (("--prompt-tokens", self.prompt_tokens, 1 << 24),
@@ -98,9 +104,37 @@ class Traffic:
                                f"pass --max-model-len {self.prompt_tokens + self.output_tokens} or more, or fewer "
                                "tokens a request")
         u = self.gpu_memory_utilization
-        if isinstance(u, bool) or not isinstance(u, (int, float)) or not (math.isfinite(u) and 0 < u <= 1):
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float))
+                              or not (math.isfinite(u) and 0 < u <= 1)):
             raise GpuwiseError(f"--gpu-memory-utilization {u} is outside (0, 1]",
                                f"pass a share of each GPU's memory, e.g. {VLLM_GPU_MEMORY_UTILIZATION} (vLLM's)")
+
+        if self.runtime is not None and self.runtime not in RUNTIMES:
+            raise GpuwiseError(f"--runtime {self.runtime!r} is not one gpuwise prices",
+                               f"pass one of {', '.join(RUNTIMES)}")
+        if self.split is not None and self.split not in SPLITS:
+            raise GpuwiseError(f"--split {self.split!r} is not one of {', '.join(SPLITS)}",
+                               "pass --split tp (tensor parallel) or --split layer (llama.cpp's default)")
+        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
+            raise GpuwiseError(f"--request-rate {self.request_rate:g} is not a positive number",
+                               "pass e.g. --request-rate 2 (requests a second)")
+        if sum(x is not None for x in (self.tokens_per_s, self.request_rate)) > 1:
+            raise GpuwiseError("--tokens-per-s and --request-rate both set the demand", "give one of them")
+
+    @property
+    def served_by(self) -> str:
+        """The runtime the rows are priced for: the one named, else the default for the weights."""
+        return self.runtime or default_runtime(self.weights)
+
+    @property
+    def memory_share(self) -> float:
+        """--gpu-memory-utilization, else the runtime's own reservation."""
+        return self.gpu_memory_utilization or RUNTIMES[self.served_by].memory_share
+
+    @property
+    def seqs_limit(self) -> int:
+        """--max-num-seqs, else the runtime's default."""
+        return self.max_num_seqs or RUNTIMES[self.served_by].max_seqs
 
     @property
     def context(self) -> int:

@@ -105,10 +105,11 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
         mean = traffic.prompt_tokens + traffic.output_tokens // 2
         kv_read = kv if mean == traffic.context else sequence_kv(planner, dims, context=mean,
                                                                  kv_dtype=traffic.kv_dtype)
+        shape = decoder_shape(planner, dims, step, traffic)
         for acc in catalog:
             if chosen(acc, c):
                 found, why = _serve_decoder(acc, dims, step, traffic, c, goal, calibrations.get(acc.key),
-                                            experts=experts, kv=kv, kv_read=kv_read)
+                                            experts=experts, kv=kv, kv_read=kv_read, shape=shape, model=source.name)
                 rows.extend(found)
                 if not found:
                     excluded.append(ServingOption.left_out(acc, 1, why))
@@ -176,12 +177,15 @@ def _powers_within(acc: Accelerator, c: Constraints, traffic: Traffic) -> list[i
 # (docs.vllm.ai, engine args --quantization: awq, bitsandbytes, fp8, gguf; --dtype float16, float32)
 VLLM_WEIGHTS = {"int4": ("--quantization", "awq"), "int8": ("--quantization", "bitsandbytes"),
                 "nf4": ("--quantization", "bitsandbytes"), "fp8": ("--quantization", "fp8"),
-                "q4_k_m": ("--quantization", "gguf"), "fp16": ("--dtype", "float16"),
+                "q4_k_m": ("--quantization", "gguf"), "q4_0": ("--quantization", "gguf"),
+                "q5_k_m": ("--quantization", "gguf"), "q6_k": ("--quantization", "gguf"),
+                "q8_0": ("--quantization", "gguf"), "nvfp4": ("--quantization", "modelopt_fp4"),
+                "mxfp4": ("--quantization", "mxfp4"), "fp16": ("--dtype", "float16"),
                 "fp32": ("--dtype", "float32")}
 
 
 def vllm_args(*, max_model_len: int, memory_share: float, max_num_seqs: int, tensor_parallel: int,
-              kv_cache_dtype: str, weights: str) -> tuple[str, ...]:
+              kv_cache_dtype: str, weights: str, pipeline_parallel: int = 1) -> tuple[str, ...]:
     """The ``vllm serve`` flags of one serving row.
 
     >>> " ".join(vllm_args(max_model_len=4096, memory_share=0.42, max_num_seqs=32, tensor_parallel=1,
@@ -190,6 +194,7 @@ def vllm_args(*, max_model_len: int, memory_share: float, max_num_seqs: int, ten
     """
     return ("--max-model-len", str(max_model_len), "--gpu-memory-utilization", f"{memory_share:.2f}",
             "--max-num-seqs", str(max_num_seqs), "--tensor-parallel-size", str(tensor_parallel),
+            *(("--pipeline-parallel-size", str(pipeline_parallel)) if pipeline_parallel > 1 else ()),
             "--kv-cache-dtype", kv_cache_dtype, *VLLM_WEIGHTS.get(weights, ()))
 
 
@@ -200,103 +205,201 @@ def memory_share(used_bytes: float, acc: Accelerator, budget: float) -> float:
     return min(math.ceil(used_bytes / acc.memory_bytes * 100 - 1e-9) / 100, budget)
 
 
+def decoder_shape(planner: Planner, dims, step: PerGpu, traffic: Traffic):
+    """The model's kernels for the serving step model (llm_step.LlmShape): its captured decode step at the mean
+    context (one sequence), else its captured inference step of the prompt."""
+    from gpuwise.planning.cost.replica import model_shape
+
+    mean = traffic.prompt_tokens + traffic.output_tokens // 2
+    return model_shape(planner, dims, context=mean, kv_dtype=traffic.kv_dtype, fallback=step)[0]
+
+
+def runtime_command(rt_name: str, model: str, *, tp: int, pp: int, split: str, seqs: int, context: int,
+                    weights: str, kv_dtype: str) -> str:
+    """The command line that runs one row on its runtime (vLLM's is vllm_args', with its memory share)."""
+    if rt_name == "llama.cpp":
+        quant = weights.upper() if weights not in ("bf16", "fp16", "f16", "fp32") else "F16"
+        mode = "none" if tp * pp == 1 else split if split in ("layer", "row") else "layer"
+        return (f"llama-server -m {model}-{quant}.gguf -ngl 99 -c {context * seqs} --parallel {seqs} "
+                f"--split-mode {mode}")
+    if rt_name == "sglang":
+        return (f"python -m sglang.launch_server --model-path {model} --tp {tp} --pp-size {pp} "
+                f"--context-length {context} --max-running-requests {seqs}"
+                + (f" --kv-cache-dtype {kv_dtype}" if kv_dtype != "auto" else ""))
+    if rt_name == "tensorrt-llm":
+        return (f"trtllm-serve {model} --tp_size {tp} --pp_size {pp} --max_batch_size {seqs} "
+                f"--max_seq_len {context}")
+    if rt_name == "hf":
+        return (f"AutoModelForCausalLM.from_pretrained({model!r}, device_map='auto').generate(batch of {seqs}, "
+                f"max_new_tokens=...)")
+    return ""
+
+
 def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Constraints, goal: Goal,
-                   calibration: Calibration | None, *, kv: SequenceKV, kv_read: SequenceKV,
-                   experts: Experts | None = None) -> tuple[list[Option], str]:
-    """One row per replica size (1, 2, 4, ... GPUs of a node, tensor parallel) that holds the weights and at
-    least one sequence at the full context, within the latency targets. ``kv``: one sequence's cache at the full
-    context (what sizes the sequences that fit), ``kv_read`` at the mean one (what a step reads), both the model's
-    own (kv_cache.sequence_kv); a replica decodes at most ``traffic.max_num_seqs`` sequences at once, as vLLM.
+                   calibration: Calibration | None, *, kv: SequenceKV, kv_read: SequenceKV, shape,
+                   experts: Experts | None = None, model: str = "") -> tuple[list[Option], str]:
+    """One row per replica size (1, 2, 4, ... GPUs of a node) that holds the weights and at least one sequence at
+    the full context, within the latency targets, in the runtime's best layout for it (cost/replica.py: tensor
+    parallel, pipeline, llama.cpp's layer or row split); the traffic spread over replicas. ``kv``: one sequence's
+    cache at the full context (what sizes the sequences that fit), ``kv_read`` at the mean one (what a step reads),
+    both the model's own (kv_cache.sequence_kv); ``shape`` the model's kernels (llm_step.LlmShape).
 
-    A Mixture of Experts (``experts``) holds every expert, but a step reads the dense weights and the experts its
-    batch touches (serving.moe_weights_read, uniform routing); tensor parallelism splits every expert's matrices
-    over the replica's GPUs, so each GPU reads that share of its slice."""
+    Prefill and decode share each replica's time (cost/load.py): throughput, TTFT and the time per output token
+    come from the steps that mix them, as the runtime schedules them.
+
+    A Mixture of Experts holds every expert, but a step reads the dense weights and the experts its tokens touch
+    (serving.moe_weights_read, uniform routing)."""
     from gpuwise.planning.capture.tracker import CATEGORIES
-    from gpuwise.planning.cost.comm import collective_seconds
-    from gpuwise.planning.cost.serving import bytes_per_weight, decode_time, max_concurrency
+    from gpuwise.planning.cost.llm_step import fp4_capable, weight_itemsize
+    from gpuwise.planning.cost.replica import capacity, layouts
+    from gpuwise.planning.cost.runtimes import FP4_BITS, check_formats, runtime
 
+    rt = runtime(traffic.served_by)
+    check_formats(rt, traffic.weights, traffic.kv_dtype)
+    if not any(acc.peak_tflops.get(k) for k in ("bf16", "fp16", "fp32")):
+        return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
+    if traffic.weights in FP4_BITS and not fp4_capable(acc):
+        return [], f"--weights {traffic.weights} needs FP4 tensor cores (Blackwell)"
+    if traffic.weights == "fp8" and not acc.peak_tflops.get("fp8") and rt.name == "tensorrt-llm":
+        return [], "TensorRT-LLM's fp8 needs fp8 tensor cores (Ada, Hopper, Blackwell)"
+    from gpuwise.planning.cost.kernels import Chip
+
+    if Chip.of(acc) is None:
+        return [], "the catalog lacks this chip's SMs, clock or bandwidth (the kernel model's facts)"
     params = step.workload.params
-    weights = params * bytes_per_weight(traffic.weights)
+    linear = min(shape.held_linear_params, params)  # the rest (embeddings, norms) stays 16-bit
+    weights = linear * weight_itemsize(traffic.weights) + (params - linear) * 2.0
     if step.setup.quantized:  # as captured: the quantised layers and the 16-bit rest, the figure plan shows
         weights = float(step.live[:, CATEGORIES.index("weights")].max())
     live = step.live[int(step.live.sum(axis=1).argmax())]
     activations = float(live.sum() - live[CATEGORIES.index("weights")] - live[CATEGORIES.index("kv_cache")])
-    mean_context = traffic.prompt_tokens + traffic.output_tokens // 2
+    expert_read = None
+    if experts is not None:
+        from gpuwise.planning.cost.serving import experts_touched
 
-    def moe(n: int) -> dict:
-        """decode_time's MoE arguments for one of ``n`` GPUs: its share of the active parameters (the captured
-        step's parameters are the total, experts.Experts')."""
-        if experts is None:
-            return {}
-        return {"active_params": params / n * experts.active / experts.total, "experts": experts.experts,
-                "top_k": experts.top_k}
+        def expert_read(tokens: float) -> float:
+            """The experts a step of ``tokens`` tokens reads, over the top_k one token reads (uniform routing)."""
+            t = max(1, round(tokens))
+            return experts_touched(experts.experts, experts.top_k, t) / experts.top_k
 
-    if not any(acc.peak_tflops.get(k) for k in ("bf16", "fp16", "fp32")):
-        return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
-    tp = traffic.tensor_parallel
-    rows, why = [], ("the weights and one sequence's KV cache do not fit even on a full node" if tp is None else
-                     f"the weights and one sequence's KV cache do not fit on {tp} GPUs")
-    if tp is not None and not _powers_within(acc, c, traffic):
-        why = f"--tensor-parallel-size {tp} is more than the {min(acc.node_gpus, c.max_gpus or tp)} GPUs allowed"
-    latent = getattr(dims, "kv_latent", 0)  # MLA's latent cache is whole on every GPU (sources.base.Decoder)
-    for n in _powers_within(acc, c, traffic):
-        if dims.heads % n:
-            why = f"{dims.heads} attention heads do not split over {n} GPUs"
-            continue
-        kv_heads = math.ceil(dims.kv_heads / n)  # tensor parallel splits the KV heads (replicated below one a GPU)
-        kv_seq = kv.per_gpu(n)
-        fits = max_concurrency(acc, weight_bytes=weights / n, kv_bytes_per_sequence=kv_seq,
-                               activation_bytes=activations, utilization=traffic.gpu_memory_utilization)
-        if fits == 0:
-            continue
-        comm_per_seq, link_note = 0.0, ""
-        if n > 1:
-            # the link's bus bandwidth for large messages (cost/comm.py: measured tables, else the link's fit)
-            link = collective_seconds("all-reduce", 2.0**28, n, acc, dtype="bf16")
-            if link is None:
-                why = f"no known link between {n} of these"
+    tp_given = traffic.tensor_parallel
+    counts = [tp_given] if tp_given is not None else [n for n in COUNTS if n <= min(acc.node_gpus,
+                                                                                    MAX_TENSOR_PARALLEL,
+                                                                                    c.max_gpus or COUNTS[-1])]
+    counts = [n for n in counts if n <= acc.node_gpus and (c.max_gpus is None or n <= c.max_gpus)]
+    rows: list[Option] = []
+    why = ("the weights and one sequence's KV cache do not fit even on a full node" if tp_given is None else
+           f"the weights and one sequence's KV cache do not fit on {tp_given} GPUs")
+    if tp_given is not None and not counts:
+        why = f"--tensor-parallel-size {tp_given} is more than the {min(acc.node_gpus, c.max_gpus or tp_given)} " \
+              "GPUs allowed"
+    for n in counts:
+        best = None
+        for layout in layouts(rt, n):
+            if traffic.split is not None and n > 1 and layout.split != traffic.split:
                 continue
-            # two all-reduces of each token's hidden state per layer (Megatron tensor parallel), 16-bit
-            hidden = dims.heads * dims.head_dim
-            comm_per_seq = 2 * dims.layers * hidden * 2 * 2 * (n - 1) / n / (link.busbw_gbps * 1e9)
-            link_note = f" · tensor parallel over {n}: 2 all-reduces a layer at {link.source} (latency not modelled)"
-
-        def at(batch: int, n: int = n, kv_heads: int = kv_heads, comm_per_seq: float = comm_per_seq):
-            d = decode_time(acc, params=params / n, layers=dims.layers, kv_heads=kv_heads, head_dim=dims.head_dim,
-                            heads=max(1, dims.heads // n), weight_bytes=weights / n, batch=batch,
-                            context=mean_context, prompt_tokens=traffic.prompt_tokens, calibration=calibration,
-                            kv_latent=latent, kv_bytes_per_seq=kv_read.per_gpu(n), **moe(n))
-            return None if d is None else (d, d.seconds_per_token + comm_per_seq * batch)
-
-        most = min(fits, traffic.max_num_seqs)  # vLLM's --max-num-seqs
-        batch = min(most, traffic.concurrency) if traffic.tokens_per_s is None else most
-        got = at(batch)
-        if got is None:
-            return [], "no memory bandwidth in the catalog"
-        while traffic.tpot_s is not None and got[1] > traffic.tpot_s and batch > 1:
-            batch = max(1, batch // 2)
-            got = at(batch)
-        d, tpot = got
-        if traffic.tpot_s is not None and tpot > traffic.tpot_s:
-            why = f"{tpot * 1e3:.3g} ms per output token, over --tpot-ms {traffic.tpot_s * 1e3:g}"
+            if tp_given is not None and n > 1 and layout.tp != n:  # --tensor-parallel-size: vLLM's split
+                continue
+            if layout.tp > 1 and dims.heads % layout.tp:
+                why = f"{dims.heads} attention heads do not split over {layout.tp} GPUs"
+                continue
+            if layout.pp > dims.layers:
+                continue
+            kv_seq = kv.per_gpu(layout.tp)
+            fits = capacity(acc, layout, weight_bytes=weights, activation_bytes=activations,
+                            kv_bytes_per_seq=kv_seq, share=traffic.memory_share, kv_block=rt.kv_block,
+                            context=traffic.context)
+            if fits == 0:
+                continue
+            most = min(fits, traffic.seqs_limit)
+            found = _fit_traffic(shape, acc, rt, layout, traffic, c, most, kv_read, expert_read, calibration)
+            if isinstance(found, str):
+                why = found
+                continue
+            load, replicas, basis = found
+            score = (load.output_tokens_per_s / n, load.decode_tokens_per_s)
+            if best is None or score > best[0]:
+                best = (score, layout, load, replicas, fits, most, kv_seq, basis)
+        if best is None:
             continue
-        if traffic.ttft_s is not None and d.ttft_s > traffic.ttft_s:
-            why = f"{d.ttft_s * 1e3:.3g} ms to the first token, over --ttft-ms {traffic.ttft_s * 1e3:g}"
-            continue
-        per_replica = batch / tpot
-        replicas = (math.ceil(traffic.tokens_per_s / per_replica) if traffic.tokens_per_s is not None
-                    else math.ceil(traffic.concurrency / batch))
+        _, layout, load, replicas, fits, most, kv_seq, basis = best
         if c.max_gpus is not None and replicas * n > c.max_gpus:
             why = f"needs {replicas * n} GPUs ({replicas} replicas of {n}), over --max-gpus {c.max_gpus}"
             continue
-        share = memory_share(weights / n + activations + batch * kv_seq, acc, traffic.gpu_memory_utilization)
-        args = vllm_args(max_model_len=traffic.context, memory_share=share, max_num_seqs=batch, tensor_parallel=n,
-                         kv_cache_dtype=kv.kv_dtype, weights=traffic.weights)
-        rows.append(_served(acc, n, replicas, per_replica * replicas, tpot, d.ttft_s, fits, goal, c,
-                            d.basis + link_note, flags=f"--weights {traffic.weights}" if traffic.weights != "bf16"
-                            else "", decode_batch=batch, weight_bytes_read=d.weight_bytes_read,
-                            kv_bytes_per_seq=kv_seq, vllm_args=args))
+        batch = max(1, math.ceil(load.batch))
+        share = memory_share(weights / n + activations + most * kv_seq / layout.pp, acc, traffic.memory_share)
+        args = vllm_args(max_model_len=traffic.context, memory_share=share, max_num_seqs=most,
+                         tensor_parallel=layout.tp, kv_cache_dtype=kv.kv_dtype, weights=traffic.weights,
+                         pipeline_parallel=layout.pp) if rt.name == "vllm" else None
+        command = runtime_command(rt.name, served_name_of(model), tp=layout.tp, pp=layout.pp, split=layout.split,
+                                  seqs=most, context=traffic.context, weights=traffic.weights,
+                                  kv_dtype=kv.kv_dtype)
+        s = load.step
+        step_basis = (f"{rt.name} ({rt.batching} batching), {layout.describe()}: a step {s.seconds * 1e3:.3g} ms = "
+                      f"GEMMs {s.gemm_s * 1e3:.3g} + attention {s.attention_s * 1e3:.3g} + other kernels "
+                      f"{s.other_s * 1e3:.3g} + host {s.host_s * 1e3:.3g}"
+                      + (f" + all-reduce {s.comm_s * 1e3:.3g}" if s.comm_s else "") + f" ms ({s.bound}-bound) "
+                      f"at {load.batch:.3g} sequences; prompts {load.prefill_share:.0%} of the tokens; "
+                      f"kernels priced from per-op measurements (cost/kernels.py), {rt.name} constants: {rt.basis}"
+                      + (f"; {basis}" if basis else "") + (f"; {load.note}" if load.note else ""))
+        rows.append(_served(acc, n, replicas, load.output_tokens_per_s * replicas, load.tpot_s, load.ttft_s, fits,
+                            goal, c, step_basis,
+                            flags=f"--weights {traffic.weights}" if traffic.weights != "bf16" else "",
+                            decode_batch=batch, weight_bytes_read=shape.weights_read(
+                                traffic.weights, expert_read=expert_read(batch) if expert_read else 1.0) / n,
+                            kv_bytes_per_seq=kv_seq / layout.pp, vllm_args=args, runtime=rt.name,
+                            parallel=(("tp", layout.tp), ("pp", layout.pp), ("replicas", replicas)),
+                            runtime_command=command or None, prefill_share=load.prefill_share))
     return rows, why
+
+
+def served_name_of(model: str) -> str:
+    from gpuwise.render.recommend import served_name
+
+    return served_name(model)
+
+
+def _fit_traffic(shape, acc: Accelerator, rt, layout, traffic: Traffic, c: Constraints, most: int, kv_read,
+                 expert_read, calibration: Calibration | None):
+    """(load of one replica, replicas, basis) that serve ``traffic`` within its latency targets, or why not: the
+    users spread over as few replicas as hold them (each at most ``most`` sequences), fewer a replica while a
+    target is missed; a token rate or a request rate over as many replicas as sustain it."""
+    from gpuwise.planning.cost.replica import replica_load
+
+    kv_scale = 1.0  # kv_read is the cache as stored (--kv-dtype applied by sequence_kv)
+    per = most
+    while True:
+        if traffic.tokens_per_s is not None or traffic.request_rate is not None:
+            load, basis = replica_load(shape, acc, rt, layout, weights=traffic.weights, prompt=traffic.prompt_tokens,
+                                       output=traffic.output_tokens, seqs=per, concurrency=per, kv_scale=kv_scale,
+                                       expert_read=expert_read, calibration=calibration)
+            if load is None:
+                return basis
+            if traffic.tokens_per_s is not None:
+                replicas = math.ceil(traffic.tokens_per_s / load.output_tokens_per_s)
+            else:
+                replicas = math.ceil(traffic.request_rate / load.requests_per_s)
+                load, basis = replica_load(shape, acc, rt, layout, weights=traffic.weights,
+                                           prompt=traffic.prompt_tokens, output=traffic.output_tokens, seqs=per,
+                                           rate=traffic.request_rate / replicas, kv_scale=kv_scale,
+                                           expert_read=expert_read, calibration=calibration)
+        else:
+            replicas = math.ceil(traffic.concurrency / per)
+            load, basis = replica_load(shape, acc, rt, layout, weights=traffic.weights, prompt=traffic.prompt_tokens,
+                                       output=traffic.output_tokens, seqs=per,
+                                       concurrency=traffic.concurrency / replicas, kv_scale=kv_scale,
+                                       expert_read=expert_read, calibration=calibration)
+            if load is None:
+                return basis
+        missed = ((traffic.tpot_s is not None and load.tpot_s > traffic.tpot_s)
+                  or (traffic.ttft_s is not None and load.ttft_s > traffic.ttft_s))
+        if not missed:
+            return load, replicas, basis
+        if per == 1:
+            if traffic.tpot_s is not None and load.tpot_s > traffic.tpot_s:
+                return f"{load.tpot_s * 1e3:.3g} ms per output token, over --tpot-ms {traffic.tpot_s * 1e3:g}"
+            return f"{load.ttft_s * 1e3:.3g} ms to the first token, over --ttft-ms {traffic.ttft_s * 1e3:g}"
+        per = max(1, per // 2)
 
 
 def _infer_precision(acc: Accelerator) -> str:
@@ -337,7 +440,9 @@ def _serve_step(acc: Accelerator, planner: Planner, setup: Setup, traffic: Traff
 def _served(acc: Accelerator, n: int, replicas: int, throughput: float, latency: float, first: float,
             fits: int | None, goal: Goal, c: Constraints, basis: str, *, flags: str, mfu: float | None = None,
             decode_batch: int | None = None, weight_bytes_read: float | None = None,
-            kv_bytes_per_seq: float | None = None, vllm_args: tuple[str, ...] | None = None) -> ServingOption:
+            kv_bytes_per_seq: float | None = None, vllm_args: tuple[str, ...] | None = None,
+            runtime: str | None = None, parallel: tuple | None = None, runtime_command: str | None = None,
+            prefill_share: float | None = None) -> ServingOption:
     gpus = n * replicas
     hours = None if goal.amount is None else goal.amount / throughput / 3600
     return ServingOption(
@@ -345,6 +450,7 @@ def _served(acc: Accelerator, n: int, replicas: int, throughput: float, latency:
         mfu=mfu, time_to_goal_s=None if hours is None else hours * 3600, basis=basis, per_user=1 / latency,
         ttft_s=first, max_concurrency=fits, replicas=replicas, decode_batch=decode_batch,
         weight_bytes_read=weight_bytes_read, kv_bytes_per_seq=kv_bytes_per_seq, vllm_args=vllm_args,
+        runtime=runtime, parallel=parallel, runtime_command=runtime_command, prefill_share=prefill_share,
         **costs(acc, gpus=gpus, throughput=throughput, hours=hours, rent=c.rent, buy=c.buy, kind=c.rent_kind,
               provider=c.provider).figures())
 

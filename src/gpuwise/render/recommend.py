@@ -83,8 +83,8 @@ def recommend_sheet(r: Recommendation) -> Sheet:
     keys = ["gpu", "count", f"{u}_per_s", "step_time_s", "mfu", "time_to_goal_s", "rent_usd_per_gpu_hour",
             "rent_provider", "rent_kind", "rent_usd", "buy_usd", "energy_kwh", f"{u}_per_joule", "pareto", "flags"]
     if r.traffic is not None:
-        keys += ["replicas", "gpus_total", "decode_tokens_per_s", "ttft_s", "max_concurrency", "kv_bytes_per_seq",
-                 "vllm_command"]
+        keys += ["runtime", "tp", "pp", "replicas", "gpus_total", "decode_tokens_per_s", "ttft_s", "max_concurrency",
+                 "kv_bytes_per_seq", "vllm_command"]
     rows = []
     for o in r.rows:
         price = o.rent_usd_per_hour
@@ -94,13 +94,15 @@ def recommend_sheet(r: Recommendation) -> Sheet:
              "buy_usd": o.buy_usd, "energy_kwh": o.energy_kwh, f"{u}_per_joule": o.per_joule, "pareto": o.pareto,
              "flags": o.flags}
         if r.traffic is not None:
-            d |= {"replicas": o.replicas, "gpus_total": o.gpus_total, "decode_tokens_per_s": o.per_user,
+            par = dict(getattr(o, "parallel", None) or ())
+            d |= {"runtime": getattr(o, "runtime", None), "tp": par.get("tp"), "pp": par.get("pp"),
+                  "replicas": o.replicas, "gpus_total": o.gpus_total, "decode_tokens_per_s": o.per_user,
                   "ttft_s": o.ttft_s, "max_concurrency": o.max_concurrency,
                   "kv_bytes_per_seq": getattr(o, "kv_bytes_per_seq", None), "vllm_command": vllm_command(r, o)}
         rows.append(d)
     numeric = {"count", f"{u}_per_s", "step_time_s", "mfu", "time_to_goal_s", "rent_usd_per_gpu_hour", "rent_usd",
                "buy_usd", "energy_kwh", f"{u}_per_joule", "replicas", "gpus_total", "decode_tokens_per_s", "ttft_s",
-               "max_concurrency", "kv_bytes_per_seq"}
+               "max_concurrency", "kv_bytes_per_seq", "tp", "pp"}
     return Sheet(title=f"{r.model}: ranked by {r.sort}", rows=tuple(rows),
                  columns=tuple(Column(key=k, numeric=k in numeric) for k in keys))
 
@@ -121,7 +123,8 @@ def _serving(r: Recommendation, console: Console) -> None:
               f"{t.concurrency} users" if decoder else f"batch {r.setup.micro_batch}")
     slo = " ".join(x for x in ((f"TTFT <= {t.ttft_s * 1e3:g} ms" if t.ttft_s else ""),
                                (f"TPOT <= {t.tpot_s * 1e3:g} ms" if t.tpot_s else "")) if x)
-    what = f"{t.prompt_tokens} in / {t.output_tokens} out, {t.weights} weights" if decoder else f"{t.weights}"
+    what = (f"{t.prompt_tokens} in / {t.output_tokens} out, {t.weights} weights, runtime {t.served_by}"
+            f"{'' if t.runtime else ' (default)'}" if decoder else f"{t.weights}")
     title = f"{r.model} · serve {demand} · {what}{' · ' + slo if slo else ''} · ranked by {r.sort}"
     u = "tok" if decoder else "img"
     cols = [("", "left"), ("gpu", "left"), ("GPUs", "right"), ("per user" if decoder else "latency", "right"),
@@ -140,9 +143,11 @@ def _serving(r: Recommendation, console: Console) -> None:
                      _num(o.per_joule, ".3g")))
     _fill(console, title, cols, rows)
     notes = (["*: on the Pareto front of latency (time per output token) against cost. GPUs: replicas x GPUs per "
-              "replica (tensor parallel); seqs: sequences one replica's KV cache holds at the full context (vLLM's "
-              f"sizing, {t.gpu_memory_utilization:.0%} of memory; a replica decodes at most {t.max_num_seqs} at "
-              "once, --max-num-seqs); $/M: per million output tokens at the rent; per joule at board power."]
+              "replica (its layout in the basis); per user: one stream's tokens/s; tok/s: output tokens of the "
+              f"fleet, prompts sharing each step with decode ({t.served_by}'s batching); seqs: sequences one "
+              f"replica's KV cache holds at the full context ({t.memory_share:.0%} of memory; a replica decodes at "
+              f"most {t.seqs_limit} at once, --max-num-seqs); $/M: per million output tokens at the rent; per joule "
+              "at board power."]
              if decoder else
              ["*: on the Pareto front of latency against cost. latency: one batch through the model; reps: "
               "replicas for --tokens-per-s; $/M: per million images at the rent; per joule at board power."])
@@ -158,7 +163,10 @@ def _serving(r: Recommendation, console: Console) -> None:
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
             notes.append(f"its price: {_rent_line(r.best.rent_usd_per_hour)}")
     console.print("\n".join(notes))
-    if r.best is not None and getattr(r.best, "vllm_args", None) is not None:
+    if r.best is not None and getattr(r.best, "runtime_command", None):
+        console.print("to run the first row, each replica:")
+        console.print("  " + r.best.runtime_command, soft_wrap=True, markup=False, highlight=False)
+    elif r.best is not None and getattr(r.best, "vllm_args", None) is not None:
         console.print("to run the first row, each replica:")
         # never wrapped by rich: it pastes into a shell as printed
         words = ("vllm", "serve", served_name(r.model), *r.best.vllm_args)
@@ -296,7 +304,9 @@ def recommend_json(r: Recommendation) -> dict[str, Any]:
                 f"{r.unit}_per_joule": o.per_joule, "pareto": o.pareto, "basis": o.basis, "excluded": o.excluded,
                 "phases_s": d["phases_s"], "families_s": d["families_s"], "step_time_error": d["step_time_error"],
                 **({} if r.traffic is None else {
-                    "decode_tokens_per_s": d["per_user"], "ttft_s": d["ttft_s"],
+                    "decode_tokens_per_s": d["per_user"], "ttft_s": d["ttft_s"], "tpot_s": o.step_time_s,
+                    "runtime": d.get("runtime"), "parallel": dict(d["parallel"]) if d.get("parallel") else None,
+                    "prefill_share": d.get("prefill_share"), "runtime_command": d.get("runtime_command"),
                     "max_concurrency": d["max_concurrency"], "replicas": d["replicas"], "gpus_total": o.gpus_total,
                     "decode_batch": d["decode_batch"], "weight_bytes_read_per_gpu": d["weight_bytes_read"],
                     "kv_bytes_per_seq": d["kv_bytes_per_seq"],

@@ -63,26 +63,29 @@ class GemmFit:
 
 def candidate_seconds(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, tm: np.ndarray, tn: np.ndarray,
                       split: np.ndarray, eff: np.ndarray, *, fit: GemmFit, hw: Hardware, in_bytes: float,
-                      out_bytes: float) -> np.ndarray:
+                      out_bytes: float, weight_bytes: float | None = None) -> np.ndarray:
     """GPU seconds of GEMMs run with the given tile and split-K (broadcast together), without the launch floor.
 
     time = max(compute, unique bytes at DRAM bandwidth, the tiles' operand reads at L2 bandwidth); compute =
-    waves x CTAs per SM x one tile's 2 tm tn (k / split + k0) FLOPs at one SM's rate x eff.
+    waves x CTAs per SM x one tile's 2 tm tn (k / split + k0) FLOPs at one SM's rate x eff. ``weight_bytes``: the
+    (k, n) operand's bytes an element where it is stored in another format than it multiplies in (a quantised
+    weight read by a dequantising kernel: 4.5 bits of a GGUF q4_0 is 0.5625); default ``in_bytes``.
     """
+    wb = in_bytes if weight_bytes is None else weight_bytes
     ctas = np.clip(np.floor(fit.acc_per_sm / (tm * tn)), 1.0, 16.0)
     ks = np.ceil(k / split)
     tiles = b * np.ceil(m / tm) * np.ceil(n / tn) * split
     waves = np.ceil(tiles / (hw.sms * ctas))
     compute = waves * ctas * 2.0 * tm * tn * (ks + fit.k0) / (hw.sm_flops * eff)
     partials = np.where(split > 1, 2.0 * 4.0 * b * m * n * split, 0.0)  # fp32 partial sums written and reduced
-    dram = (in_bytes * b * (m * k + k * n) + out_bytes * b * m * n + partials) / (hw.bw * fit.dram_share)
-    l2 = tiles * (tm + tn) * ks * in_bytes / hw.l2_bw
+    dram = (b * (in_bytes * m * k + wb * k * n) + out_bytes * b * m * n + partials) / (hw.bw * fit.dram_share)
+    l2 = tiles * (tm * in_bytes + tn * wb) * ks / hw.l2_bw
     return np.maximum(np.maximum(compute, dram), l2) + fit.fixed_s
 
 
 def gemm_seconds(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, *, tiles: tuple[tuple[int, int], ...],
                  fit: GemmFit, hw: Hardware, in_bytes: float, out_bytes: float,
-                 splits: tuple[int, ...] = SPLITS) -> np.ndarray:
+                 splits: tuple[int, ...] = SPLITS, weight_bytes: float | None = None) -> np.ndarray:
     """GPU seconds of each GEMM row at the fastest (tile, split-K) candidate, without the launch floor."""
     eff = np.broadcast_to(np.asarray(fit.eff, float), (len(tiles),))
     cand_t = np.repeat(np.asarray(tiles, float), len(splits), axis=0)  # (C, 2)
@@ -91,7 +94,7 @@ def gemm_seconds(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, *, 
     col = (slice(None), None)
     b, m, n, k = (np.asarray(v, float)[col] for v in (b, m, n, k))
     t = candidate_seconds(b, m, n, k, cand_t[:, 0], cand_t[:, 1], cand_s, cand_e, fit=fit, hw=hw,
-                          in_bytes=in_bytes, out_bytes=out_bytes)
+                          in_bytes=in_bytes, out_bytes=out_bytes, weight_bytes=weight_bytes)
     # split-K: each slice keeps _MIN_SPLIT_K steps at least, and only while the unsplit tiles leave SMs idle
     unsplit = b * np.ceil(m / cand_t[:, 0]) * np.ceil(n / cand_t[:, 1])
     allowed = (cand_s == 1) | ((k / cand_s >= _MIN_SPLIT_K) & (unsplit * cand_s <= 2 * hw.sms))

@@ -289,9 +289,10 @@ def simt_menu(arch: str, family: str, fit: KernelFit) -> tuple[int, ...]:
 
 
 def gemm_rows(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, code: int, chip: Chip,
-              fit: KernelFit | None = None, family: str = "matmul") -> np.ndarray:
+              fit: KernelFit | None = None, family: str = "matmul", weight_bytes: float | None = None) -> np.ndarray:
     """GPU seconds of GEMMs (b, m, n, k) in one precision on ``chip``, the launch floor included. ``family``:
-    "matmul", "bmm" (cuBLAS picks its SIMT tiles from a menu of each) or "conv" (cuDNN: any tile)."""
+    "matmul", "bmm" (cuBLAS picks its SIMT tiles from a menu of each) or "conv" (cuDNN: any tile); ``weight_bytes``
+    the (k, n) operand's bytes an element when it is stored quantised (gemm.candidate_seconds)."""
     fit = fit or load_fit()
     hw, unit = hardware(chip, code, fit)
     tiles, g = (SIMT_TILES, fit.simt) if unit == "simt" else (TENSOR_TILES, fit.tensor)
@@ -300,7 +301,8 @@ def gemm_rows(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, code: 
         tiles = tuple(SIMT_TILES[i] for i in menu)
         g = dataclasses.replace(g, eff=tuple(np.broadcast_to(g.eff, (len(SIMT_TILES),))[list(menu)]))
     code = _FP32 if unit == "simt" else code
-    t = gemm_seconds(b, m, n, k, tiles=tiles, fit=g, hw=hw, in_bytes=_IN_BYTES[code], out_bytes=_OUT_BYTES[code])
+    t = gemm_seconds(b, m, n, k, tiles=tiles, fit=g, hw=hw, in_bytes=_IN_BYTES[code], out_bytes=_OUT_BYTES[code],
+                     weight_bytes=weight_bytes)
     t = t * (tensor_ceiling(chip, fit) if unit == "tensor" else simt_ceiling(chip, fit))
     return t + LAUNCH_FLOOR_S
 

@@ -1,12 +1,10 @@
-"""How fast a GPU serves a decoder: time per generated token at batch B and context S, time to first token, and
-how many sequences fit. Plain numbers in (a zoo model's or an HF config's dimensions), so ``recommend`` can call it.
+"""What a decode step reads and how many sequences fit: the pieces of serving that are not time. The time of a
+serving step is llm_step's (kernels priced from per-op measurements, the runtime's constants: runtimes.py), under
+load load.py's, over GPUs replica.py's.
 
-Each decode step reads every active weight once and each sequence's KV cache (recommend-watch-anchors A4):
-``t = (W_active + B x KV(S)) / (eta x bandwidth) + c``, unless ``2 x N_active x B`` FLOPs at the matmul rate take
-longer. KV(S) = 2 x layers x kv_heads x head_dim x S x bytes (PagedAttention §3.1, as quoted in vllm#22291).
-``roofline`` is that decision, in one place: ``decode_time`` feeds it these formulas at the achieved bandwidth and
-rate (fitted below), ``decode_floor`` feeds it what a captured step reads (``gpuwise plan --task decode``) at the
-datasheet's figures, for the per-token floor the plan prints.
+KV(S) = 2 x layers x kv_heads x head_dim x S x bytes (PagedAttention §3.1, as quoted in vllm#22291). ``roofline`` is
+the plan's per-token floor (``gpuwise plan --task decode``): what a captured step reads at the datasheet's bandwidth,
+or its FLOPs at the matmul peak, whichever takes longer.
 
 A Mixture of Experts holds every expert in memory but a step reads only the experts its tokens are routed to
 (``moe_weights_read``): at batch 1 the active weights (the dense ones and ``top_k`` of ``E`` experts a MoE layer),
@@ -27,60 +25,9 @@ from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.capture.tracker import CATEGORIES
-from gpuwise.planning.cost.efficiency import (
-    COPY_CEILING,
-    GEMM_CEILING,
-    Efficiency,
-    clock_share,
-    efficiency,
-    memory_class,
-)
-from gpuwise.planning.transforms.quantize import FORMATS
 
 if TYPE_CHECKING:
     from gpuwise.planning.parallel.sharding import PerGpu
-
-# Bytes per weight of weight-only quantisation: the formats gpuwise plan --weights simulates are stored as
-# transforms/quantize.py lays them out (the one place that decides; here for a 4096 x 4096 layer: int4 as AWQ group 128
-# ~0.52, nf4 with double quantisation 4.127 bits, Dettmers et al. 2023, QLoRA §2; int8 and fp8 1 B plus their
-# scales); llama.cpp Q4_K_M, not simulated, ~4.9 bits on Llama-3-8B (4.58 GiB for 8.03 B weights,
-# XiongjieDai/GPU-Benchmarks-on-LLM-Inference).
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, **{k: f.bytes_per_weight() for k, f in FORMATS.items()},
-                "q4_k_m": 4.9 / 8}
-
-
-@dataclass(frozen=True)
-class DecodeFit:
-    eta: float  # achieved share of the datasheet bandwidth
-    fixed_s: float  # per-token cost besides reading memory (kernel launches, sampling)
-    source: str
-
-
-# Fitted on the llama.cpp LLaMA 3 8B table of XiongjieDai/GPU-Benchmarks-on-LLM-Inference (tg1024, Q4_K_M 4.58 GiB
-# and F16 14.96 GiB, KV at the mean context 512): least squares of 1/tok_s on (W + KV)/BW, on a subset; the rest
-# held out (errors in benchmarks/RESULTS.md). The anchor file's all-16-point fits: GDDR 0.93 / 2.8 ms,
-# HBM 0.59 / 3.3 ms.
-_XD = "XiongjieDai/GPU-Benchmarks-on-LLM-Inference LLaMA 3"
-DECODE: dict[str, DecodeFit] = {
-    "GDDR": DecodeFit(0.97, 3.0e-3, f"fitted on 3090, 4090, A6000 ({_XD}); held out 6000 Ada, A40, L40S: <= 9.5%"),
-    "HBM": DecodeFit(0.48, 2.4e-3, f"fitted on A100 SXM ({_XD}); held out H100 PCIe: -9% Q4, -23% F16"),
-    "unified": DecodeFit(0.96, 6.6e-3, f"fitted on M2 Ultra 76c ({_XD}); nothing held out"),
-    "other": DecodeFit(0.50, 3.0e-3, "assumed: no anchor"),
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeTime:
-    """One replica decoding ``batch`` sequences at ``context`` tokens on one GPU."""
-
-    seconds_per_token: float  # one decode step: every sequence gets one token
-    tokens_per_s_per_user: float
-    tokens_per_s: float  # batch / seconds_per_token
-    ttft_s: float  # prefill of the prompt, plus one step
-    bound: str  # "memory" or "compute"
-    basis: str
-    weight_bytes_read: float = 0.0  # by one step: every weight of a dense model, the experts routed to of a MoE
-
 
 @dataclass(frozen=True, kw_only=True)
 class DecodeRead:
@@ -155,12 +102,6 @@ def decode_floor(acc: Accelerator, read: DecodeRead, *, calibration: Calibration
     if tflops:
         basis += f" · {read.flops:.3g} FLOPs / {key} {tflops:g} TFLOPS{' measured' if measured else ''}"
     return TokenFloor(seconds=seconds, bound=bound, basis=basis)
-
-
-def bytes_per_weight(quant: str) -> float:
-    if quant not in WEIGHT_BYTES:
-        raise GpuwiseError(f"unknown weight format {quant!r}", f"use one of {', '.join(WEIGHT_BYTES)}")
-    return WEIGHT_BYTES[quant]
 
 
 # The routing the decode model assumes for a Mixture of Experts (moe_weights_read)
@@ -243,86 +184,3 @@ def _rate(acc: Accelerator, calibration: Calibration | None, quant: str | None =
         if measured or acc.peak_tflops.get(key):
             return key, measured or acc.peak_tflops.get(key), bool(measured)
     return "bf16", None, False
-
-
-def decode_time(acc: Accelerator, *, params: float, layers: int, kv_heads: int, head_dim: int,
-                active_params: float | None = None, experts: int | None = None, top_k: int | None = None,
-                heads: int | None = None, weight_bytes: float | None = None,
-                quant: str = "bf16", kv_bytes: float = 2, batch: int = 1, context: int = 1024,
-                prompt_tokens: int = 0, calibration: Calibration | None = None, kv_latent: int = 0,
-                kv_bytes_per_seq: float | None = None) -> DecodeTime | None:
-    """Decode speed of one replica on ``acc``. ``weight_bytes`` (a checkpoint's size) wins over ``params`` x the
-    quantisation's bytes; ``heads`` the query heads (default kv_heads); ``kv_latent`` a multi-head latent attention
-    cache's elements per token per layer (kv_bytes_per_token); ``kv_bytes_per_seq`` (kv_cache.sequence_kv: the
-    model's captured cache at ``context``, this GPU's share) replaces that formula. None: the GPU has no bandwidth
-    figure.
-
-    A mixture of experts: ``active_params`` (per token), with ``experts`` and ``top_k`` (E routed experts a MoE
-    layer, k a token). A step at batch B then reads ``moe_weights_read`` of the parameters (the active ones at
-    batch 1, nearly all at a large batch; uniform routing), the prefill of P prompt tokens reads those P tokens
-    touch (nearly all), and both compute ``2 x N_active`` FLOPs a token. The bytes are the weights' share by
-    parameter count (exact where every weight is stored alike). Without ``experts`` the active weights are read
-    at any batch: the batch-1 read, a floor past it.
-
-    >>> decode_time(load_catalog().get("rtx-4090"), params=8.03e9, layers=32, kv_heads=8, head_dim=128,
-    ...             weight_bytes=4.58 * 2**30).tokens_per_s    # doctest: +SKIP
-    128.6
-    """
-    _positive(params=params, batch=batch, context=context)
-    active = params if active_params is None else active_params
-    _positive(active_params=active)
-    if active > params:
-        raise GpuwiseError(f"active_params {active:g} is more than params {params:g}", "pass active <= total")
-    if (experts is None) != (top_k is None) or (experts is not None and active_params is None):
-        raise GpuwiseError("a mixture of experts needs active_params, experts and top_k together",
-                           "pass all three, or none for a dense model")
-    if prompt_tokens < 0:
-        raise GpuwiseError(f"prompt_tokens {prompt_tokens} is negative", "pass 0 or more")
-    weights = params * bytes_per_weight(quant) if weight_bytes is None else weight_bytes
-    _positive(weight_bytes=weights)
-    kv = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, kv_bytes=kv_bytes, latent=kv_latent)
-    seq_kv = kv * context if kv_bytes_per_seq is None else kv_bytes_per_seq
-    measured_bw = calibration.gbps if calibration is not None else None
-    gbps = measured_bw or acc.memory_bandwidth_gbps
-    if not gbps:
-        return None
-    cls = memory_class(acc)
-    fit = DECODE[cls]
-    eta_bw = min(1.0, fit.eta / COPY_CEILING) if measured_bw else fit.eta
-    key, tflops, measured = _rate(acc, calibration, quant)
-    if tflops and not measured:  # the clock the board holds at its power (cost.step.POWER)
-        tflops *= clock_share(acc)[0]
-    mm: Efficiency = efficiency("matmul", acc)
-    eta_c = min(1.0, mm.value / GEMM_CEILING) if measured else mm.value
-
-    def read(tokens: int) -> float:
-        """Bytes of weights a forward of ``tokens`` tokens reads."""
-        if experts is None or top_k is None:
-            return weights * active / params
-        return weights * moe_weights_read(params, active, experts=experts, top_k=top_k, tokens=tokens) / params
-
-    step_weights = read(batch)
-    attn_dim = (heads or kv_heads) * head_dim
-    prefill_s = 0.0
-    rate = eta_c * tflops * 1e12 if tflops else None
-    if rate:
-        # prefill: 2 N per token plus causal attention, 2 x layers x d x P^2; never faster than reading the weights
-        prefill_s = (2 * active * prompt_tokens + 2 * layers * attn_dim * prompt_tokens ** 2) / rate
-    roof, bound = roofline(bytes_read=step_weights + batch * seq_kv,
-                           flops=2 * active * batch + 4 * layers * attn_dim * context * batch,
-                           bytes_per_s=eta_bw * gbps * 1e9, flops_per_s=rate)
-    step = roof + fit.fixed_s
-    prompt_read = read(prompt_tokens) if prompt_tokens else 0.0
-    ttft = max(prefill_s, prompt_read / (eta_bw * gbps * 1e9)) + fit.fixed_s + step if prompt_tokens else step
-    moe = ""
-    if experts is not None and top_k is not None:
-        moe = (f" (of {weights / 2**30:.2f} GiB held: {experts_touched(experts, top_k, batch):.3g} of {experts} "
-               f"experts a MoE layer at batch {batch}, uniform routing)")
-    basis = (f"{cls} {gbps:g} GB/s {'measured' if measured_bw else 'datasheet'} x{eta_bw:.2f} "
-             f"+ {fit.fixed_s * 1e3:.1f} ms/token ({fit.source}); weights {step_weights / 2**30:.2f} GiB read "
-             f"per step{moe}, KV {seq_kv / context:,.0f} B/token"
-             + (" (captured)" if kv_bytes_per_seq is not None else ""))
-    if tflops:
-        basis += f" · {key} {tflops:g} TFLOPS x{eta_c:.2f} ({mm.source})"
-    return DecodeTime(seconds_per_token=step, tokens_per_s_per_user=1 / step, tokens_per_s=batch / step, ttft_s=ttft,
-                      bound=bound, basis=basis, weight_bytes_read=step_weights)
