@@ -29,4 +29,6 @@ part "gpuwise train: GPT-2 124M bf16, eager and compiled; --auto vs the real lar
 timeout 120 $PY benchmarks/train_gpu.py --steps 20 2>&1 | tee "$OUT/train_gpu.txt"
 part "gpuwise.ops.attention vs SDPA-flash, SDPA default, FlexAttention; block sparsity (issue 6)"
 timeout 150 $PY benchmarks/attention.py --quick --budget 110 2>&1 | tee "$OUT/attention.txt"
+part "transformers generate at batch 1, 8, 64 vs the serving model's hf runtime (issue 28)"
+timeout 90 $PY benchmarks/hf_generate.py --out "$OUT/hf_generate.md" 2>&1 | tail -8 | tee "$OUT/hf_generate.txt"
 part done

@@ -72,6 +72,7 @@ class LlmShape:
     context: int  # the captured step's cached tokens
     kv_bytes: float  # one sequence's cache at ``context`` (as stored in the capture's dtype)
     other_bytes: float  # the other kernels' bytes per token
+    cache_copy_bytes: float  # a sequence's cache copied each step at ``context`` (eager transformers), else 0
     other_kernels: float  # the other kernels per token step (eager launches)
     other_dispatch_s: float  # eager host dispatch of every kernel of the step (hf), measured per family
     layers: int
@@ -109,6 +110,11 @@ class LlmShape:
         mem = fwd & np.isin(c.family, _MEMORY)
         table = sum((rows * row for rows, row in step.workload.embeddings), 0)
         keep = mem & (c.bytes < max(table, 1) * 0.5 if table else mem)  # the embedding lookup reads one row
+        # copies as large as a layer's cache: transformers' DynamicCache concatenating it each step (per sequence,
+        # growing with the context), not per token
+        layer_kv = kv_bytes / max(float(attention[:, 3].sum()) if len(attention) else 1.0, 1.0)
+        cache = keep & (c.bytes >= 0.5 * layer_kv) if tokens == 1 else np.zeros(len(c.bytes), bool)
+        keep = keep & ~cache
         p = float(step.workload.params if params is None else params)
         if tokens > 1 and len(attention):  # a prompt's attention: its keys are the prompt's tokens
             attention[:, 1] = np.minimum(attention[:, 1], tokens)
@@ -116,6 +122,7 @@ class LlmShape:
         share = routed[1] / routed[0] if routed is not None and experts.any() else 1.0
         return cls(gemms=gemms, experts=experts, expert_share=share, head=head, attention=attention, context=context,
                    kv_bytes=float(kv_bytes), other_bytes=float(c.bytes[keep] @ c.count[keep]) / tokens,
+                   cache_copy_bytes=float(c.bytes[cache] @ c.count[cache]),
                    other_kernels=float(c.count[mem].sum()),
                    other_dispatch_s=float(kernels.forward_dispatch(c.family[fwd]) @ c.count[fwd]),
                    layers=dims.layers, hidden=dims.heads * dims.head_dim, params=p,
@@ -190,7 +197,7 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
                  prefill: float = 0.0, prefill_context: float = 0.0, prefill_seqs: float = 0.0,
                  weights: str = "bf16", kv_scale: float = 1.0, tp: int = 1, layer_share: float = 1.0,
                  expert_read: float = 1.0, comm: tuple[float, float] | None = None, row: bool = False,
-                 calibration: Calibration | None = None) -> StepCost | None:
+                 host_share: float | None = None, calibration: Calibration | None = None) -> StepCost | None:
     """One step on one GPU of a replica: ``decode`` sequences one token each at mean ``context`` cached tokens, and
     ``prefill`` prompt tokens (of ``prefill_seqs`` sequences, at mean ``prefill_context`` tokens before them). ``tp``:
     tensor parallel degree (GEMM widths, attention heads and cache split over the GPUs); ``layer_share``: the share
@@ -272,8 +279,13 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
     launches = (rt.kernels_per_layer * shape.layers if fused else shape.other_kernels) * layer_share
     other_s = float(other_bytes * (0.3 if fused else 1.0) / (bw * mem.dram_share)) + launches * (
         kernels.LAUNCH_FLOOR_S + (mem.t0_s if not fused else 0.0))
+    if not rt.graphs and shape.cache_copy_bytes:  # transformers' DynamicCache: torch.cat of each sequence's cache
+        other_s += decode * shape.cache_copy_bytes * context / max(shape.context, 1) * layer_share / tp / (
+            bw * mem.dram_share)
     gpu_s = gemm_s + attention_s + other_s
-    host_s = (rt.step_s + rt.seq_s * (decode + prefill_seqs)) * layer_share  # once a step, over its stages
+    # the runtime's host time: once a token step, shared by the stages a layer split takes turns over; a pipeline's
+    # micro-batches are each a scheduler step of their own (``host_share`` 1)
+    host_s = (rt.step_s + rt.seq_s * (decode + prefill_seqs)) * (layer_share if host_share is None else host_share)
     if not rt.graphs:  # eager: the host issues every op; the GPU runs behind it unless the host is slower
         eager = shape.other_dispatch_s * layer_share
         host_s += max(0.0, eager - gpu_s)

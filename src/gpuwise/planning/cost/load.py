@@ -71,11 +71,13 @@ def _continuous(step: StepFn, rt: Runtime, b: float, prompt: int, output: int, s
 
 
 def serve_load(step: StepFn, rt: Runtime, *, prompt: int, output: int, capacity: int,
-               concurrency: float | None = None, rate: float | None = None, pp: int = 1,
+               concurrency: float | None = None, rate: float | None = None, burst: int | None = None, pp: int = 1,
                handoff_s: float = 0.0) -> Load:
     """One replica: at most ``capacity`` sequences (memory and the runtime's --max-num-seqs), users at
-    ``concurrency`` (closed loop) or requests at ``rate`` a second (open loop), else offline (``capacity`` at once).
-    ``pp``: pipeline stages (layer split), ``handoff_s`` the activations' trip between two of them."""
+    ``concurrency`` (closed loop) or requests at ``rate`` a second (open loop), else offline (``capacity`` at once);
+    ``burst``: that many requests at once and no more (a benchmark's finite set sent together: their prompts
+    first, then their decodes, when they all fit). ``pp``: pipeline stages (layer split), ``handoff_s`` the
+    activations' trip between two of them."""
     if capacity < 1:
         raise GpuwiseError("no sequence fits in the replica", "use more GPUs a replica, or a shorter context")
     if output < 1:
@@ -83,6 +85,8 @@ def serve_load(step: StepFn, rt: Runtime, *, prompt: int, output: int, capacity:
     stages = max(pp, 1)
     # one stream on a layer split (llama.cpp, hf): the stages take turns, micro-batching needs continuous batching
     turns = stages > 1 and rt.batching != "continuous"
+    if burst is not None and 1 <= burst <= capacity and rt.batching == "continuous" and prompt:
+        return _burst(step, rt, prompt=prompt, output=output, n=burst, stages=stages, handoff=handoff_s)
     if rt.batching == "static":
         return _static(step, rt, prompt=prompt, output=output, capacity=capacity, concurrency=concurrency,
                        rate=rate, stages=stages, handoff=handoff_s)
@@ -162,3 +166,22 @@ def prefill_seconds(step: StepFn, rt: Runtime, prompt: int, *, stages: int = 1, 
     chunks = math.ceil(prompt / chunk)
     stage = step(0.0, float(chunk), 1.0).seconds
     return (chunks + stages - 1) * (stage + (handoff_s if stages > 1 else 0.0))
+
+
+def _burst(step: StepFn, rt: Runtime, *, prompt: int, output: int, n: int, stages: int, handoff: float) -> Load:
+    """``n`` requests arriving together, all of which fit: their prompts fill the steps' token budget until every
+    one is in (a prompt's first token comes out of the step that finishes it: on average half-way), then ``output
+    - 1`` decode steps of all ``n``; the throughput is the burst's tokens over its whole time."""
+    tokens = float(n * prompt)
+    steps = math.ceil(tokens / rt.step_tokens)
+    per = tokens / steps
+    pre = step(0.0, per / stages, per / prompt / stages)
+    pre_s = steps * (stages * pre.seconds + (stages - 1) * handoff)
+    dec = step(n / stages, 0.0, 0.0)
+    interval = stages * dec.seconds + (stages - 1) * handoff
+    total = pre_s + (output - 1) * interval
+    ttft = pre_s * (steps + 1) / (2 * steps) + rt.request_s
+    return Load(batch=float(n), output_tokens_per_s=n * output / total,
+                total_tokens_per_s=n * (prompt + output) / total, requests_per_s=n / total, tpot_s=interval,
+                ttft_s=ttft, decode_tokens_per_s=1 / interval, step=dec, prefill_share=pre_s / total, saturated=False,
+                note=f"a burst of {n} requests: {steps} prompt steps, then {output - 1} decode steps")

@@ -95,8 +95,8 @@ def capacity(acc: Accelerator, layout: Layout, *, weight_bytes: float, activatio
 
 def replica_load(shape: LlmShape, acc: Accelerator, rt: Runtime, layout: Layout, *, weights: str, prompt: int,
                  output: int, seqs: int, concurrency: float | None = None, rate: float | None = None,
-                 kv_scale: float = 1.0, expert_read=None, calibration: Calibration | None = None
-                 ) -> tuple[Load | None, str]:
+                 burst: int | None = None, kv_scale: float = 1.0, expert_read=None,
+                 calibration: Calibration | None = None) -> tuple[Load | None, str]:
     """The replica's load (cost/load.py) with at most ``seqs`` sequences at once; (None, why) where it cannot be
     priced. ``expert_read(tokens)``: a MoE's weights a step of that many tokens reads, over one token's."""
     comm, comm_basis = allreduce(acc, rt, layout)
@@ -110,13 +110,13 @@ def replica_load(shape: LlmShape, acc: Accelerator, rt: Runtime, layout: Layout,
         got = step_seconds(shape, acc, rt, decode=decode, context=mean_context, prefill=prefill,
                            prefill_context=0.0, prefill_seqs=prefill_seqs, weights=weights, kv_scale=kv_scale,
                            tp=layout.tp, layer_share=share, expert_read=er, comm=comm, row=layout.split == "row",
-                           calibration=calibration)
+                           host_share=1.0 if layout.split == "pp" else None, calibration=calibration)
         assert got is not None  # checked by the caller: the chip has the kernel model's facts
         return got
 
     hop = handoff(acc, layout, shape.hidden, min(seqs, concurrency or seqs))
     load = serve_load(step, rt, prompt=prompt, output=output, capacity=seqs, concurrency=concurrency, rate=rate,
-                      pp=layout.pp, handoff_s=hop)
+                      burst=burst, pp=layout.pp, handoff_s=hop)
     return load, comm_basis
 
 
