@@ -190,7 +190,7 @@ def imported_runs() -> tuple[list[Run], str | None]:
             model="llama3-8b", gpu=p.gpu, setup=Setup(task="decode", micro_batch=1, context=512,
                                                       precision="fp16-mixed"),
             measured=p.measured, unit="tokens/s", family="llama decode (llama.cpp)", order="llamacpp-llama3-8b-f16",
-            fitted="serving.DECODE (recommend_order)" if p.fit else None,
+            fitted="llama.cpp constants (serving_truth.FIT)" if p.fit else None,
             notes="llama.cpp (CUDA graphs, its own kernels), priced as a PyTorch decode step"))
     return runs, None
 
