@@ -190,7 +190,7 @@ def test_serving_takes_a_quantised_checkpoints_own_weights_and_refuses_a_contrad
 def test_vllm_serves_a_built_in_model_by_its_hub_repo():
     """vllm serve takes a Hugging Face repo: a built-in model's command names the repo its config.json is from;
     a Hub id or a config path the user gave is kept as given."""
-    from gpuwise.render.recommend import served_name
+    from gpuwise.recommend.serve import served_name
 
     assert served_name("llama3-8b") == "meta-llama/Meta-Llama-3-8B"
     assert served_name("gpt2-xl") == "openai-community/gpt2-xl"

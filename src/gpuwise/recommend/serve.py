@@ -260,7 +260,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
         return [], "no 16- or 32-bit rate: runs exported int8 graphs only, not a language model's decode"
     if traffic.weights in FP4_BITS and not fp4_capable(acc):
         return [], f"--weights {traffic.weights} needs FP4 tensor cores (Blackwell)"
-    if traffic.weights == "fp8" and not acc.peak_tflops.get("fp8") and rt.name == "tensorrt-llm":
+    if traffic.weights == "fp8" and not acc.fp8 and rt.name == "tensorrt-llm":
         return [], "TensorRT-LLM's fp8 needs fp8 tensor cores (Ada, Hopper, Blackwell)"
     from gpuwise.planning.cost.kernels import Chip
 
@@ -331,7 +331,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
         args = vllm_args(max_model_len=traffic.context, memory_share=share, max_num_seqs=most,
                          tensor_parallel=layout.tp, kv_cache_dtype=kv.kv_dtype, weights=traffic.weights,
                          pipeline_parallel=layout.pp) if rt.name == "vllm" else None
-        command = runtime_command(rt.name, served_name_of(model), tp=layout.tp, pp=layout.pp, split=layout.split,
+        command = runtime_command(rt.name, served_name(model), tp=layout.tp, pp=layout.pp, split=layout.split,
                                   seqs=most, context=traffic.context, weights=traffic.weights,
                                   kv_dtype=kv.kv_dtype)
         s = load.step
@@ -353,10 +353,13 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     return rows, why
 
 
-def served_name_of(model: str) -> str:
-    from gpuwise.render.recommend import served_name
+def served_name(model: str) -> str:
+    """What a runtime takes for ``model``: a built-in model's Hugging Face repo, else the name as given (a Hub id, or
+    a config the user serves from their own path)."""
+    from gpuwise.models import MODELS
 
-    return served_name(model)
+    zoo = MODELS.get(model)
+    return zoo.hub_id if zoo is not None and zoo.hub_id else model
 
 
 def _fit_traffic(shape, acc: Accelerator, rt, layout, traffic: Traffic, c: Constraints, most: int, kv_read,

@@ -169,6 +169,8 @@ def _serving(r: Recommendation, console: Console) -> None:
     elif r.best is not None and getattr(r.best, "vllm_args", None) is not None:
         console.print("to run the first row, each replica:")
         # never wrapped by rich: it pastes into a shell as printed
+        from gpuwise.recommend.serve import served_name
+
         words = ("vllm", "serve", served_name(r.model), *r.best.vllm_args)
         console.print(_shell(words, min(80, console.width)), soft_wrap=True, markup=False, highlight=False)
     _left_out(r, console)
@@ -192,16 +194,9 @@ def _shell(words: tuple[str, ...], width: int = 80) -> str:
 def vllm_command(r: Recommendation, o: Option) -> str | None:
     """The ``vllm serve`` line of a serving row, copy-pasteable; None where the row has none (not a decoder)."""
     args = getattr(o, "vllm_args", None)
+    from gpuwise.recommend.serve import served_name
+
     return None if args is None else " ".join(("vllm", "serve", served_name(r.model), *args))
-
-
-def served_name(model: str) -> str:
-    """What ``vllm serve`` takes for ``model``: a built-in model's Hugging Face repo, else the name as given (a Hub
-    id, or a config the user serves from their own path)."""
-    from gpuwise.models import MODELS
-
-    zoo = MODELS.get(model)
-    return zoo.hub_id if zoo is not None and zoo.hub_id else model
 
 
 def _billions(n: float) -> str:

@@ -165,8 +165,7 @@ class StepCost:
 def _rate_code(acc: Accelerator, weights: str) -> int:
     """The precision the GEMMs multiply in: fp8 weights (and FP4 on Blackwell, at fp8's rate here) on fp8 tensor
     cores where the chip has them; everything else dequantises to 16 bits."""
-    fp8 = bool(acc.peak_tflops.get("fp8"))
-    if fp8 and (weights == "fp8" or weights in FP4_BITS):
+    if acc.fp8 and (weights == "fp8" or weights in FP4_BITS):
         return kernels.RATE_KEYS.index("fp8")
     return kernels.RATE_KEYS.index("bf16" if acc.peak_tflops.get("bf16") else "fp16")
 
@@ -245,6 +244,8 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
             compute = compute * kernels.ATTENTION_EFFICIENCY["flash"] / kernels.ATTENTION_EFFICIENCY["flash-hopper"]
         if weights in FP4_BITS and fp4_capable(acc):  # FP4 tensor cores: twice fp8's rate (Blackwell datasheets)
             compute = compute / 2
+        elif weights in QUANTISED and rt.int8_mma and chip.vendor != "NVIDIA":
+            compute = compute / rt.compute  # Metal, ROCm, Vulkan: dequantised to 16 bits for the prompt's matmuls
         elif weights in QUANTISED:  # dequantising GEMM kernels (Marlin, llama.cpp's mmq) at their share of the rate
             int8 = acc.peak_tflops.get("int8")
             sixteen = chip.tensor_tflops.get(kernels.RATE_KEYS[code])
