@@ -74,3 +74,9 @@ def test_bad_serving_input_is_one_line_and_exit_2(capsys, args, message):
 def test_runtime_flags_need_serve(capsys):
     code, _, err = run_cli(capsys, "recommend", "--model", "gpt2", "--runtime", "vllm")
     assert code == 2 and "--runtime applies to serving" in err
+
+
+@pytest.mark.parametrize("flag", [["--runtime", "vllm"], ["--split", "tp"], ["--request-rate", "5"]])
+def test_llm_serving_flags_are_refused_for_a_vision_model(capsys, flag):
+    code, _, err = run_cli(capsys, "recommend", "--model", "resnet50", "--serve", "--gpus", "l4", *flag)
+    assert code == 2 and f"{flag[0]} applies to serving a language model" in err

@@ -118,7 +118,8 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
         if goal.tokens is not None:
             raise GpuwiseError(f"{source.name} does not generate tokens", "give the serving goal as --samples")
         for flag, v in (("--kv-dtype", traffic.kv_dtype), ("--max-model-len", traffic.max_model_len),
-                        ("--tensor-parallel-size", traffic.tensor_parallel)):
+                        ("--tensor-parallel-size", traffic.tensor_parallel), ("--runtime", traffic.runtime),
+                        ("--split", traffic.split), ("--request-rate", traffic.request_rate)):
             if v is not None:
                 raise GpuwiseError(f"{flag} applies to serving a language model (vLLM's engine), not {source.name}",
                                    f"drop {flag}")

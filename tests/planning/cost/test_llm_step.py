@@ -6,7 +6,6 @@ shared time of prefill and decode under load (load), the layouts of a replica ov
 from __future__ import annotations
 
 import importlib.util
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -202,18 +201,19 @@ def test_held_out_multi_stream_serving_runs(truth):
 
 
 def test_the_fitted_constants_are_the_fits(truth):
-    """runtimes.RUNTIMES holds what serving_truth.refit finds on the FIT rows (it refits in memory; the table must
-    say the same, or the held-out figures in RESULTS.md are not of the model that ships)."""
-    import dataclasses
+    """runtimes.RUNTIMES holds what serving_truth's fit finds on the FIT rows (no grid neighbour of any constant fits
+    them better), or the held-out figures in RESULTS.md are not of the model that ships."""
+    assert truth.not_fitted(CATALOG) == []
+    assert RUNTIMES["vllm"].step_s > 0
 
-    before = {name: dataclasses.asdict(rt) for name, rt in RUNTIMES.items()}
-    try:
-        truth.refit(CATALOG)
-        for name, fields in truth.FITS.items():
-            for field in fields:
-                assert getattr(RUNTIMES[name], field) == pytest.approx(before[name][field]), (name, field)
-    finally:
-        for name, values in before.items():
-            for field in truth.FITS.get(name, ()):
-                object.__setattr__(RUNTIMES[name], field, values[field])
-    assert not math.isnan(RUNTIMES["vllm"].step_s)
+
+def test_a_layer_split_never_beats_one_gpu_for_one_stream(llama3):
+    """transformers' device_map="auto" and llama.cpp's layer split: the GPUs take turns, so one stream's time per
+    token is one GPU's plus the hand-offs, for static batching as for slots."""
+    shape, _ = llama3
+    acc = CATALOG.get("l40s")
+    for name in ("hf", "llama.cpp"):
+        rt = RUNTIMES[name]
+        one = stream_tokens_per_s(shape, acc, rt, weights="bf16", output=256)
+        two = stream_tokens_per_s(shape, acc, rt, weights="bf16", output=256, layout=Layout(split="layer", gpus=2))
+        assert two < one and two > 0.8 * one, name

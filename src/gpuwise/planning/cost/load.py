@@ -140,10 +140,10 @@ def _static(step: StepFn, rt: Runtime, *, prompt: int, output: int, capacity: in
     if rate is not None:
         users = capacity
     b = float(max(1, math.floor(users)))
-    pre = step(0.0, b * prompt, b).seconds if prompt else 0.0
+    # over a layer split the stages take turns: a pass costs every stage's step and the hand-offs between them
+    pre = stages * step(0.0, b * prompt, b).seconds + (stages - 1) * handoff if prompt else 0.0
     dec = step(b, 0.0, 0.0)
-    per_token = dec.seconds + (stages - 1) * handoff if stages > 1 else dec.seconds
-    pre = pre + (stages - 1) * handoff if stages > 1 else pre
+    per_token = stages * dec.seconds + (stages - 1) * handoff
     batch_s = pre + (output - 1) * per_token + (0.0 if prompt else per_token)
     requests = b / batch_s
     wait = 0.0
