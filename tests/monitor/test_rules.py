@@ -421,10 +421,13 @@ def test_watch_io_wait_is_input_bound_on_cpu():
     assert "host side only" in d.note
 
 
-def test_watch_busy_gpu_is_healthy_and_says_what_to_add():
+def test_watch_busy_gpu_without_step_timings_is_not_judged_and_says_what_to_add():
+    """Issue 29: a device-only view that fires nothing cannot tell a healthy loop from one waiting on its data: not
+    "healthy" but "not-judged", naming what was missing and how to supply it."""
     host = HostSample(process_cpu_pct=99.0)
     d = judge(Record(samples=samples(60, host=host), device_kind="cuda"), CUDA)
-    assert d.bottleneck == "healthy" and "gpuwise.Monitor" in d.fix[0]
+    assert d.bottleneck == "not-judged" and "gpuwise.Monitor" in d.fix[0]
+    assert d.evidence["missing"] == ["step timings"] and d.summary.startswith("not judged: no step timings")
 
 
 def test_watch_startup_idle_is_warmup():
@@ -433,25 +436,25 @@ def test_watch_startup_idle_is_warmup():
     idle = tuple(Sample(t=float(i), devices=(device(util_pct=0.0),), host=host) for i in range(20))
     busy = tuple(Sample(t=20.0 + i, devices=(device(),), host=host) for i in range(40))
     d = judge(Record(samples=idle + busy, device_kind="cuda"), CUDA)
-    assert d.bottleneck == "healthy" and d.evidence["samples_judged"] == 40
+    assert d.bottleneck == "not-judged" and d.evidence["samples_judged"] == 40  # no step timings: not "healthy"
 
 
 def test_watch_idle_gpu_idle_host_is_not_blamed_on_the_host():
     host = HostSample(process_cpu_pct=5.0)
     rec = Record(samples=samples(60, util_pct=15.0, host=host), device_kind="cuda")
     d = judge(rec, CUDA)
-    assert d.bottleneck == "healthy" and "neither the Python process" in d.evidence["reading"]
+    assert d.bottleneck == "not-judged" and "neither the Python process" in d.evidence["reading"]
 
 
 def test_empty_record():
     d = judge(Record())
-    assert d.bottleneck == "healthy" and d.note == "nothing recorded" and d.steps == 0
-    assert render_lines(d)[0] == "bottleneck: healthy (nothing recorded)"
+    assert d.bottleneck == "not-judged" and d.note == "nothing recorded" and d.steps == 0
+    assert render_lines(d)[0] == "bottleneck: not-judged (nothing recorded)"
 
 
 def test_few_steps_are_not_judged():
     d = judge(Record(steps=steps(2, seconds=0.1, wait=0.09)), Context(device="cpu"))
-    assert d.bottleneck == "healthy" and "too few" in d.note
+    assert d.bottleneck == "not-judged" and "too few" in d.note and "too few steps" in d.summary
 
 
 def test_record_note_is_kept():

@@ -1,7 +1,7 @@
 """From a monitor's record to the bottleneck, its evidence and the fix: a table of rules, judged in order.
 
 >>> judge(Record()).bottleneck
-'healthy'
+'not-judged'
 
 How it judges (``judge``):
 
@@ -14,7 +14,10 @@ How it judges (``judge``):
    (``share`` None): memory-full, fragmentation. Roofline sides: memory-bound, compute-bound.
 3. The primary bottleneck (``PRIMARY_RULE``): memory-full first when an OOM happened; then the loss class with the
    largest share; then the risks (memory-full before fragmentation); then the roofline side. Every class that fired
-   is listed in ``findings``, the primary first. "healthy" when nothing fired, with what was checked as evidence.
+   is listed in ``findings``, the primary first. "healthy" only when nothing fired AND the loop's own step timings
+   were judged (data wait, communication and the step itself need them); else "not-judged", with what was missing
+   (``evidence["missing"]``) and how to supply it (``fix``): a device-only view that fired nothing cannot tell a
+   healthy loop from one that waits on its data.
 
 The thresholds and their sources are in ``monitor.thresholds``; ``render.diagnosis`` shows the result.
 """
@@ -45,7 +48,10 @@ RULES: dict[str, Rule] = {
     "roofline": roofline,  # only when no loss class fired
 }
 
-_TIE_ORDER = {name: i for i, name in enumerate(("memory-full", *LOSS, "fragmentation", *ROOFLINE, "healthy"))}
+_TIE_ORDER = {name: i for i, name in enumerate(("memory-full", *LOSS, "fragmentation", *ROOFLINE, "healthy",
+                                                "not-judged"))}
+_SUPPLY_STEPS = ("time the loop with gpuwise.Monitor (monitor.step() each iteration, or gpuwise train): data wait, "
+                 "communication and the step time need the loop's own timings")
 
 
 def _rank(f: Verdict, oom: bool) -> tuple[int, float, int]:
@@ -90,12 +96,13 @@ def judge(record: Record, context: Context | None = None) -> Diagnosis:
     """The bottleneck of a recorded run, its evidence and the fix.
 
     >>> judge(Record()).bottleneck
-    'healthy'
+    'not-judged'
     """
     ctx = context or Context(device=record.device_kind)
     if not record.samples and not record.steps and not record.ooms:
-        return Diagnosis(bottleneck="healthy", evidence={"recorded": "nothing"}, fix=(), note="nothing recorded",
-                         summary="nothing recorded")
+        return Diagnosis(bottleneck="not-judged", evidence={"recorded": "nothing",
+                                                            "missing": ["step timings", "device and host samples"]},
+                         fix=(_SUPPLY_STEPS,), note="nothing recorded", summary="nothing recorded")
     view = window(record, ctx)
     checked: dict[str, Any] = {"steps_judged": len(view.steps), "warmup_steps_skipped": view.warmup,
                                "samples_judged": len(view.samples), "samples_span": view.sample_warmup}
@@ -120,15 +127,23 @@ def judge(record: Record, context: Context | None = None) -> Diagnosis:
     note = "; ".join(notes) or None
     ovp = _observed_vs_planned(view)
     if not findings:
-        fix: tuple[str, ...] = ()
-        if not record.steps:
-            fix = ("time the loop with gpuwise.Monitor (monitor.step each iteration) to judge data wait and "
-                   "communication",)
-        return Diagnosis(bottleneck="healthy", evidence=checked, fix=fix, expected=None, findings=(),
+        if record.steps and view.timed:
+            return Diagnosis(bottleneck="healthy", evidence=checked, fix=(), expected=None, findings=(),
+                             steps=len(view.steps), observed_vs_planned=ovp, note=note,
+                             summary=f"nothing fired over {len(view.steps)} steps")
+        # nothing fired, but the loop's time was not seen: say what is missing rather than "healthy"
+        missing = (["step timings"] if not record.steps else
+                   [f"{MIN_JUDGED_STEPS} steps after the warm-up (had {len(view.steps)})"])
+        if not view.devices and ctx.device != "cpu":
+            missing.append("GPU counters (NVML)")
+        checked["missing"] = missing
+        fix = (_SUPPLY_STEPS,) if not record.steps else (f"run at least {MIN_JUDGED_STEPS} steps past the warm-up",)
+        seen = (f"nothing fired over {len(view.samples)} samples" if len(view.samples) >= MIN_JUDGED_STEPS
+                else f"{len(view.samples)} samples")
+        return Diagnosis(bottleneck="not-judged", evidence=checked, fix=fix, expected=None, findings=(),
                          steps=len(view.steps), observed_vs_planned=ovp, note=note,
-                         summary=f"nothing fired over {len(view.steps)} steps" if view.steps else
-                         f"nothing fired over {len(view.samples)} samples" if len(view.samples) >= MIN_JUDGED_STEPS
-                         else f"too short to judge: {len(view.samples)} samples and no step timings")
+                         summary=f"not judged: no {missing[0]} ({seen})" if not record.steps else
+                         f"not judged: too few steps ({len(view.steps)} past the warm-up)")
     top = findings[0]
     evidence = {**top.evidence, "steps_judged": len(view.steps), "warmup_steps_skipped": view.warmup}
     return Diagnosis(bottleneck=top.bottleneck, evidence=evidence, fix=top.fix, expected=top.expected,

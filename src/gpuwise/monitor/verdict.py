@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# "healthy": every rule that applies judged and none fired; "not-judged": what the loop's time goes to could not be
+# judged (no step timings, too few steps, nothing recorded), with what was missing and how to supply it
 Bottleneck = Literal["input-bound", "host-bound", "memory-bound", "compute-bound", "communication-bound",
-                     "fragmentation", "throttled", "memory-full", "healthy"]
+                     "fragmentation", "throttled", "memory-full", "healthy", "not-judged"]
 BOTTLENECKS: tuple[str, ...] = ("input-bound", "host-bound", "memory-bound", "compute-bound", "communication-bound",
-                                "fragmentation", "throttled", "memory-full", "healthy")
+                                "fragmentation", "throttled", "memory-full", "healthy", "not-judged")
 
 LOSS = ("input-bound", "communication-bound", "host-bound", "throttled")  # time a fix wins back
 RISK = ("memory-full", "fragmentation")  # no time lost yet: a run one step from failing

@@ -33,7 +33,8 @@ class TrainProgress:
     def log(self, entry: StepLog) -> None:
         rate = f"{entry.tokens_per_s:,.0f}/s"
         evals = f"  eval {entry.eval_loss:.4f}" if entry.eval_loss is not None else ""
-        if entry.bottleneck not in (None, "healthy", "compute-bound"):  # what the monitor sees in the last steps
+        # what the monitor sees in the last steps
+        if entry.bottleneck not in (None, "healthy", "not-judged", "compute-bound"):
             rate += f" · {entry.bottleneck}"
         if self.bar is not None:
             if self.task is None:
