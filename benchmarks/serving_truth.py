@@ -30,12 +30,10 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from gpuwise.hardware.catalog import load_catalog  # noqa: E402
 from gpuwise.models import get_model  # noqa: E402
 from gpuwise.planning.cost import replica as rep  # noqa: E402
-from gpuwise.planning.cost.kv_cache import sequence_kv  # noqa: E402
-from gpuwise.planning.cost.llm_step import LlmShape, step_seconds  # noqa: E402
+from gpuwise.planning.cost.llm_step import step_seconds  # noqa: E402
 from gpuwise.planning.cost.load import prefill_seconds, serve_load  # noqa: E402
 from gpuwise.planning.cost.runtimes import RUNTIMES  # noqa: E402
 from gpuwise.planning.planner import Planner  # noqa: E402
-from gpuwise.planning.setup import Setup  # noqa: E402
 from gpuwise.planning.sources.zoo import ZooSource  # noqa: E402
 
 FILES = ("serving_llamacpp.toml", "serving_runs.toml")
@@ -88,14 +86,11 @@ _SHAPES: dict = {}
 
 
 def shape_of(model: str, context: int, kv_dtype: str | None):
+    """(LlmShape, SequenceKV, source) of a model at ``context`` cached tokens, captured once per run."""
     key = (model, context, kv_dtype)
     if key not in _SHAPES:
         src = source(model)
-        planner = Planner(src)
-        kv = sequence_kv(planner, src.decoder, context=max(context, 2), kv_dtype=kv_dtype)
-        step = planner.per_gpu(Setup(task="decode", micro_batch=1, context=max(context - 1, 1), precision="bf16",
-                                     kv_dtype=kv_dtype))
-        _SHAPES[key] = (LlmShape.of(step, src.decoder, kv_bytes=kv.bytes), kv, src, None)
+        _SHAPES[key] = (*rep.model_shape(Planner(src), src.decoder, context=context, kv_dtype=kv_dtype), src)
     return _SHAPES[key]
 
 
@@ -142,7 +137,7 @@ def predict(r: dict, catalog) -> tuple[float | None, str]:
         kv_dtype = "fp8"  # TensorRT-LLM's FP8/FP4 recipes quantise the KV cache too (trtllm-bench --quantization)
     kv_dtype = kv_dtype if kv_dtype in ("fp8", "bf16", "fp16") else None
     context = prompt + output
-    shape, kv, src, _ = shape_of(model, prompt + output // 2, kv_dtype)
+    shape, kv, _ = shape_of(model, prompt + output // 2, kv_dtype)
     comm, _ = rep.allreduce(acc, rt, layout)
     if comm is None:
         return None, "no link"
@@ -161,13 +156,9 @@ def predict(r: dict, catalog) -> tuple[float | None, str]:
             hop = rep.handoff(acc, layout, shape.hidden, rt.step_tokens)
             t = prefill_seconds(step, rt, prompt, stages=layout.pp, handoff_s=hop)
             return prompt / t, note
-        from gpuwise.planning.cost.llm_step import weight_itemsize
-
-        wbytes = shape.linear_params * weight_itemsize(weights) + (src.zoo.params - shape.linear_params) * 2 \
-            if hasattr(src.zoo, "params") else shape.linear_params * weight_itemsize(weights)
-        share = 0.95 if rt.name == "tensorrt-llm" else rt.memory_share
-        fits = rep.capacity(acc, layout, weight_bytes=wbytes, activation_bytes=0.0,
-                            kv_bytes_per_seq=kv.bytes * context / max(kv.context, 1), share=share,
+        # the linear layers' weights (the input embedding's table aside: recommend counts it held, in 16 bits)
+        fits = rep.capacity(acc, layout, weight_bytes=shape.weights_read(weights), activation_bytes=0.0,
+                            kv_bytes_per_seq=kv.bytes * context / max(kv.context, 1), share=rt.memory_share,
                             kv_block=rt.kv_block, context=max(context, 1))
         if fits < 1:
             return None, "does not fit"
@@ -253,47 +244,41 @@ FITS = {"llama.cpp": ("step_s", "stream", "quant_stream", "hbm_stream", "quant_c
         "sglang": ("step_s", "request_s", "seq_s"), "vllm": ("step_s", "request_s", "seq_s")}
 
 
+def fit_loss(name: str, catalog) -> float:
+    """The fit's objective for runtime ``name``: mean |log(predicted / measured)| over its FIT rows."""
+    errs = [abs(math.log(got / r["measured"])) for r in rows() if r["id"] in FIT[name]
+            for got, _ in [predict(r, catalog)] if got is not None]
+    return statistics.fmean(errs) if errs else math.inf
+
+
 def refit(catalog) -> None:
     """Fit each runtime's constants (FITS) on its FIT rows: the least mean |log(predicted / measured)|, one
     constant at a time over its grid, twice round."""
     for name, ids in FIT.items():
         rt = RUNTIMES[name]
-        chosen = [r for r in rows() if r["id"] in ids]
-
-        def loss(chosen: list[dict] = chosen) -> float:
-            errs = [abs(math.log(got / r["measured"])) for r in chosen for got, _ in [predict(r, catalog)]
-                    if got is not None]
-            return statistics.fmean(errs) if errs else math.inf
-
         for _ in range(2):
             for field in FITS[name]:
-                best = min(GRIDS[field], key=lambda v, f=field: (object.__setattr__(rt, f, v), loss())[1])
+                best = min(GRIDS[field],
+                           key=lambda v, f=field: (object.__setattr__(rt, f, v), fit_loss(name, catalog))[1])
                 object.__setattr__(rt, field, best)
         print(f"{name}: " + ", ".join(f"{f} {getattr(rt, f):g}" for f in FITS[name])
-              + f" (mean |log error| {loss():.3f} on {len(chosen)} fit rows)")
+              + f" (mean |log error| {fit_loss(name, catalog):.3f} on {len(ids)} fit rows)")
 
 
 def not_fitted(catalog) -> list[str]:
     """The constants of RUNTIMES that a neighbour on their grid fits better (what ``refit`` would move): empty when
     the table holds the fit. Cheap: two predictions of the fit rows a constant."""
     moved = []
-    for name, ids in FIT.items():
+    for name in FIT:
         rt = RUNTIMES[name]
-        chosen = [r for r in rows() if r["id"] in ids]
-
-        def loss(chosen: list[dict] = chosen) -> float:
-            errs = [abs(math.log(got / r["measured"])) for r in chosen for got, _ in [predict(r, catalog)]
-                    if got is not None]
-            return statistics.fmean(errs) if errs else math.inf
-
-        base = loss()
+        base = fit_loss(name, catalog)
         for field in FITS[name]:
             value, grid = getattr(rt, field), GRIDS[field]
             near = min(range(len(grid)), key=lambda i: abs(grid[i] - value))
             for j in (near - 1, near + 1):
                 if 0 <= j < len(grid):
                     object.__setattr__(rt, field, grid[j])
-                    if loss() < base - 1e-9:
+                    if fit_loss(name, catalog) < base - 1e-9:
                         moved.append(f"{name}.{field} {value:g} -> {grid[j]:g}")
                     object.__setattr__(rt, field, value)
     return moved

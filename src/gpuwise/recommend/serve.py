@@ -105,7 +105,7 @@ def serve(source, traffic: Traffic, constraints: Constraints | None = None, *, b
         mean = traffic.prompt_tokens + traffic.output_tokens // 2
         kv_read = kv if mean == traffic.context else sequence_kv(planner, dims, context=mean,
                                                                  kv_dtype=traffic.kv_dtype)
-        shape = decoder_shape(planner, dims, step, traffic)
+        shape = decoder_shape(planner, dims, step, traffic, kv_read)
         for acc in catalog:
             if chosen(acc, c):
                 found, why = _serve_decoder(acc, dims, step, traffic, c, goal, calibrations.get(acc.key),
@@ -206,13 +206,13 @@ def memory_share(used_bytes: float, acc: Accelerator, budget: float) -> float:
     return min(math.ceil(used_bytes / acc.memory_bytes * 100 - 1e-9) / 100, budget)
 
 
-def decoder_shape(planner: Planner, dims, step: PerGpu, traffic: Traffic):
+def decoder_shape(planner: Planner, dims, step: PerGpu, traffic: Traffic, kv_read: SequenceKV):
     """The model's kernels for the serving step model (llm_step.LlmShape): its captured decode step at the mean
-    context (one sequence), else its captured inference step of the prompt."""
+    context (one sequence, whose cache is ``kv_read``), else its captured inference step of the prompt."""
     from gpuwise.planning.cost.replica import model_shape
 
     mean = traffic.prompt_tokens + traffic.output_tokens // 2
-    return model_shape(planner, dims, context=mean, kv_dtype=traffic.kv_dtype, fallback=step)[0]
+    return model_shape(planner, dims, context=mean, kv_dtype=traffic.kv_dtype, fallback=step, kv=kv_read)[0]
 
 
 def runtime_command(rt_name: str, model: str, *, tp: int, pp: int, split: str, seqs: int, context: int,
@@ -251,7 +251,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
     A Mixture of Experts holds every expert, but a step reads the dense weights and the experts its tokens touch
     (serving.moe_weights_read, uniform routing)."""
     from gpuwise.planning.capture.tracker import CATEGORIES
-    from gpuwise.planning.cost.llm_step import fp4_capable, weight_itemsize
+    from gpuwise.planning.cost.llm_step import chip_of, fp4_capable
     from gpuwise.planning.cost.replica import capacity, layouts
     from gpuwise.planning.cost.runtimes import FP4_BITS, check_formats, runtime
 
@@ -263,13 +263,10 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
         return [], f"--weights {traffic.weights} needs FP4 tensor cores (Blackwell)"
     if traffic.weights == "fp8" and not acc.fp8 and rt.name == "tensorrt-llm":
         return [], "TensorRT-LLM's fp8 needs fp8 tensor cores (Ada, Hopper, Blackwell)"
-    from gpuwise.planning.cost.kernels import Chip
-
-    if Chip.of(acc) is None:
-        return [], "the catalog lacks this chip's SMs, clock or bandwidth (the kernel model's facts)"
+    if chip_of(acc) is None:
+        return [], "the catalog lacks this chip's bandwidth or rates (the kernel model's facts)"
     params = step.workload.params
-    linear = min(shape.held_linear_params, params)  # the rest (embeddings, norms) stays 16-bit
-    weights = linear * weight_itemsize(traffic.weights) + (params - linear) * 2.0
+    weights = shape.weights_held(traffic.weights, params)
     if step.setup.quantized:  # as captured: the quantised layers and the 16-bit rest, the figure plan shows
         weights = float(step.live[:, CATEGORIES.index("weights")].max())
     live = step.live[int(step.live.sum(axis=1).argmax())]
@@ -313,7 +310,7 @@ def _serve_decoder(acc: Accelerator, dims, step: PerGpu, traffic: Traffic, c: Co
             if fits == 0:
                 continue
             most = min(fits, traffic.seqs_limit)
-            found = _fit_traffic(shape, acc, rt, layout, traffic, c, most, kv_read, expert_read, calibration)
+            found = _fit_traffic(shape, acc, rt, layout, traffic, most, expert_read, calibration)
             if isinstance(found, str):
                 why = found
                 continue
@@ -363,36 +360,32 @@ def served_name(model: str) -> str:
     return zoo.hub_id if zoo is not None and zoo.hub_id else model
 
 
-def _fit_traffic(shape, acc: Accelerator, rt, layout, traffic: Traffic, c: Constraints, most: int, kv_read,
-                 expert_read, calibration: Calibration | None):
+def _fit_traffic(shape, acc: Accelerator, rt, layout, traffic: Traffic, most: int, expert_read,
+                 calibration: Calibration | None):
     """(load of one replica, replicas, basis) that serve ``traffic`` within its latency targets, or why not: the
     users spread over as few replicas as hold them (each at most ``most`` sequences), fewer a replica while a
     target is missed; a token rate or a request rate over as many replicas as sustain it."""
     from gpuwise.planning.cost.replica import replica_load
 
-    kv_scale = 1.0  # kv_read is the cache as stored (--kv-dtype applied by sequence_kv)
+    def load_at(seqs: int, **demand):
+        return replica_load(shape, acc, rt, layout, weights=traffic.weights, prompt=traffic.prompt_tokens,
+                            output=traffic.output_tokens, seqs=seqs, expert_read=expert_read,
+                            calibration=calibration, **demand)
+
     per = most
     while True:
         if traffic.tokens_per_s is not None or traffic.request_rate is not None:
-            load, basis = replica_load(shape, acc, rt, layout, weights=traffic.weights, prompt=traffic.prompt_tokens,
-                                       output=traffic.output_tokens, seqs=per, concurrency=per, kv_scale=kv_scale,
-                                       expert_read=expert_read, calibration=calibration)
+            load, basis = load_at(per, concurrency=per)  # a replica at its fullest
             if load is None:
                 return basis
             if traffic.tokens_per_s is not None:
                 replicas = math.ceil(traffic.tokens_per_s / load.output_tokens_per_s)
             else:
                 replicas = math.ceil(traffic.request_rate / load.requests_per_s)
-                load, basis = replica_load(shape, acc, rt, layout, weights=traffic.weights,
-                                           prompt=traffic.prompt_tokens, output=traffic.output_tokens, seqs=per,
-                                           rate=traffic.request_rate / replicas, kv_scale=kv_scale,
-                                           expert_read=expert_read, calibration=calibration)
+                load, basis = load_at(per, rate=traffic.request_rate / replicas)
         else:
             replicas = math.ceil(traffic.concurrency / per)
-            load, basis = replica_load(shape, acc, rt, layout, weights=traffic.weights, prompt=traffic.prompt_tokens,
-                                       output=traffic.output_tokens, seqs=per,
-                                       concurrency=traffic.concurrency / replicas, kv_scale=kv_scale,
-                                       expert_read=expert_read, calibration=calibration)
+            load, basis = load_at(per, concurrency=traffic.concurrency / replicas)
             if load is None:
                 return basis
         missed = ((traffic.tpot_s is not None and load.tpot_s > traffic.tpot_s)

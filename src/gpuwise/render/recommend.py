@@ -160,6 +160,10 @@ def _serving(r: Recommendation, console: Console) -> None:
                      f"({r.kv.basis}).")
     if r.best is not None:
         notes.append(f"basis of the first row: {r.best.basis}")
+        if decoder:
+            from gpuwise.planning.cost.validation import SERVING_HELD_OUT
+
+            notes.append(f"speeds: {SERVING_HELD_OUT}")
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
             notes.append(f"its price: {_rent_line(r.best.rent_usd_per_hour)}")
     console.print("\n".join(notes))

@@ -26,7 +26,7 @@ decode tokens and ``p`` prompt tokens then costs
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -36,6 +36,7 @@ from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator
 from gpuwise.planning.capture.tracker import FAMILIES, PHASES
 from gpuwise.planning.cost import kernels
+from gpuwise.planning.cost.gemm import gemm_seconds
 from gpuwise.planning.cost.runtimes import FP4_ARCHS, FP4_BITS, GGUF_BITS, Runtime
 from gpuwise.planning.transforms.quantize import FORMATS
 
@@ -77,12 +78,9 @@ class LlmShape:
     other_dispatch_s: float  # eager host dispatch of every kernel of the step (hf), measured per family
     layers: int
     hidden: int  # the residual stream's width (the tensor-parallel all-reduce)
-    params: float  # stored parameters (the total of a MoE)
-    active_params: float  # per token (a MoE's active ones)
 
     @classmethod
-    def of(cls, step, dims, *, kv_bytes: float, params: float | None = None,
-           active_params: float | None = None) -> LlmShape:
+    def of(cls, step, dims, *, kv_bytes: float) -> LlmShape:
         """From a captured decode step (``PerGpu`` of ``Setup(task="decode", micro_batch=1)``; or, for a model whose
         decode step cannot be captured, its inference step of one sequence), the decoder's dims (sources.base.Decoder)
         and one sequence's cache at the step's context (kv_cache.SequenceKV.bytes)."""
@@ -115,7 +113,6 @@ class LlmShape:
         layer_kv = kv_bytes / max(float(attention[:, 3].sum()) if len(attention) else 1.0, 1.0)
         cache = keep & (c.bytes >= 0.5 * layer_kv) if tokens == 1 else np.zeros(len(c.bytes), bool)
         keep = keep & ~cache
-        p = float(step.workload.params if params is None else params)
         if tokens > 1 and len(attention):  # a prompt's attention: its keys are the prompt's tokens
             attention[:, 1] = np.minimum(attention[:, 1], tokens)
         context = int(step.setup.context or 1) if tokens == 1 else tokens
@@ -125,8 +122,7 @@ class LlmShape:
                    cache_copy_bytes=float(c.bytes[cache] @ c.count[cache]),
                    other_kernels=float(c.count[mem].sum()),
                    other_dispatch_s=float(kernels.forward_dispatch(c.family[fwd]) @ c.count[fwd]),
-                   layers=dims.layers, hidden=dims.heads * dims.head_dim, params=p,
-                   active_params=p if active_params is None else float(active_params))
+                   layers=dims.layers, hidden=dims.heads * dims.head_dim)
 
     def weights_read(self, weights: str, *, expert_read: float = 1.0) -> float:
         """Bytes of weights one step reads on one GPU of the model (all of it): every linear layer once, a MoE's
@@ -136,7 +132,13 @@ class LlmShape:
         if not len(g):
             return 0.0
         share = np.where(self.experts, expert_read, 1.0)
-        return float((g[:, 0] * g[:, 1] * g[:, 2] * share) @ np.full(len(g), 1.0)) * weight_itemsize(weights)
+        return float((g[:, 0] * g[:, 1] * g[:, 2] * share).sum()) * weight_itemsize(weights)
+
+    def weights_held(self, weights: str, params: float) -> float:
+        """Bytes of a model of ``params`` parameters held on one GPU: its linear layers (every expert) stored as
+        ``weights``, the rest (embeddings, norms) in 16 bits, as quantize.py keeps them."""
+        linear = min(self.held_linear_params, params)
+        return linear * weight_itemsize(weights) + (params - linear) * 2.0
 
     @property
     def held_linear_params(self) -> float:
@@ -193,15 +195,15 @@ def fp4_capable(acc: Accelerator) -> bool:
 
 
 def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: float, context: float,
-                 prefill: float = 0.0, prefill_context: float = 0.0, prefill_seqs: float = 0.0,
-                 weights: str = "bf16", kv_scale: float = 1.0, tp: int = 1, layer_share: float = 1.0,
+                 prefill: float = 0.0, prefill_seqs: float = 0.0, weights: str = "bf16", tp: int = 1,
+                 layer_share: float = 1.0,
                  expert_read: float = 1.0, comm: tuple[float, float] | None = None, row: bool = False,
                  host_share: float | None = None, calibration: Calibration | None = None) -> StepCost | None:
     """One step on one GPU of a replica: ``decode`` sequences one token each at mean ``context`` cached tokens, and
-    ``prefill`` prompt tokens (of ``prefill_seqs`` sequences, at mean ``prefill_context`` tokens before them). ``tp``:
+    ``prefill`` prompt tokens (of ``prefill_seqs`` whole prompts: each attends to half its length on average). ``tp``:
     tensor parallel degree (GEMM widths, attention heads and cache split over the GPUs); ``layer_share``: the share
-    of the layers this GPU runs (pipeline / layer split); ``kv_scale``: the stored cache over the captured one
-    (--kv-dtype); ``expert_read``: a MoE's weights a step reads over those one token reads; ``comm``: (latency s,
+    of the layers this GPU runs (pipeline / layer split); the cache is the one ``shape`` was read with (its
+    --kv-dtype); ``expert_read``: a MoE's weights a step reads over those one token reads; ``comm``: (latency s,
     bytes/s) of one all-reduce between the tensor-parallel GPUs; ``row``: llama.cpp's row split instead, which
     gathers every split matrix's partial output (fp32) on the main GPU and synchronises (``Runtime.row_sync_s``
     each, the bytes at ``comm``'s rate). None: the chip lacks what the kernel model needs."""
@@ -220,7 +222,7 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
         stream_bw *= rt.hbm_stream
     # linear layers: the head runs for the sequences that sample (decode ones, and prompts that finish in the step)
     g = shape.gemms
-    gemm_s = 0.0
+    gemm_s, compute_bound = 0.0, False
     if len(g):
         n = np.maximum(g[:, 0] / tp, 1.0)
         k = g[:, 1]
@@ -228,12 +230,9 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
         rows = np.where(is_head, max(decode + prefill_seqs, 1.0), m)
         count = g[:, 2] * np.where(is_head, 1.0, layer_share)
         hw, _ = kernels.hardware(chip, code, fit)
-        tiles = kernels.TENSOR_TILES
-        from gpuwise.planning.cost.gemm import gemm_seconds
-
-        fast = type(hw)(sms=hw.sms, sm_flops=hw.sm_flops, bw=math.inf, l2_bw=math.inf)
-        tiled = gemm_seconds(np.ones(len(g)), np.ceil(rows), n, k, tiles=tiles, fit=fit.tensor, hw=fast,
-                             in_bytes=2.0, out_bytes=2.0)
+        compute_only = replace(hw, bw=math.inf, l2_bw=math.inf)  # the memory side is the streaming term below
+        tiled = gemm_seconds(np.ones(len(g)), np.ceil(rows), n, k, tiles=kernels.TENSOR_TILES, fit=fit.tensor,
+                             hw=compute_only, in_bytes=2.0, out_bytes=2.0)
         # a few rows: the skinny kernels (GEMV, Marlin, mmvq) pad M to 16 at most, at the best tile's utilisation
         padded = np.where(rows < SKINNY_ROWS, rows, np.ceil(rows / SKINNY_ROWS) * SKINNY_ROWS)  # GEMV: no padding
         skinny = 2 * padded * n * k / (hw.sm_flops * hw.sms * max(fit.tensor.eff))
@@ -256,6 +255,7 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
             compute = compute / rt.compute
         read = n * k * wbytes * np.where(shape.experts, expert_read, 1.0) + 2.0 * rows * (n + k)
         gemm_s = float((np.maximum(compute, read / stream_bw) + kernels.LAUNCH_FLOOR_S) @ count)
+        compute_bound = float(compute @ count) > float((read / stream_bw) @ count)
     # attention: decode reads each sequence's cache; a prompt's tokens attend causally to what precedes them
     a = shape.attention
     attention_s = 0.0
@@ -264,10 +264,10 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
         window = np.where(a[:, 1] < shape.context, a[:, 1], np.inf)  # a sliding window holds fewer keys
         keys = np.minimum(context, window)
         per_key = shape.kv_bytes / max(float(a[:, 1] @ a[:, 3]), 1.0)  # one cached token of one layer, all heads
-        kv_read = decode * per_key * kv_scale * float(keys @ a[:, 3]) / max(tp, 1)
+        kv_read = decode * per_key * float(keys @ a[:, 3]) / max(tp, 1)
         attention_s += kv_read * layer_share / (bw * mem.dram_share)
         if prefill:
-            pkeys = np.minimum(prefill_context + prefill / max(prefill_seqs, 1.0) / 2, window)
+            pkeys = np.minimum(prefill / max(prefill_seqs, 1.0) / 2, window)
             flops = 4 * heads * a[:, 2] * prefill * pkeys
             hw, _ = kernels.hardware(chip, kernels.RATE_KEYS.index("bf16") if chip.tensor_tflops.get("bf16")
                                      else kernels.RATE_KEYS.index("fp16"), fit)
@@ -302,16 +302,6 @@ def step_seconds(shape: LlmShape, acc: Accelerator, rt: Runtime, *, decode: floa
         per = latency + 2 * m * shape.hidden * 2 * (tp - 1) / tp / rate
         comm_s = 2 * shape.layers * layer_share * per
     seconds = gpu_s + host_s + comm_s
-    compute_bound = len(g) and tokens > 0 and _compute_share(shape, chip, fit, code, m, tp) > 0.5
     parts = {"host": host_s, "communication": comm_s, "compute" if compute_bound else "memory": gpu_s}
     return StepCost(seconds=seconds, gemm_s=gemm_s, attention_s=attention_s, other_s=other_s, host_s=host_s,
                     comm_s=comm_s, bound=max(parts, key=parts.get))
-
-
-def _compute_share(shape: LlmShape, chip, fit, code: int, m: float, tp: int) -> float:
-    """Rough share of the GEMMs' time that is compute: their FLOPs at the tensor rate over their bytes at DRAM's."""
-    hw, _ = kernels.hardware(chip, code, fit)
-    flops = 2 * m * shape.linear_params / tp
-    byts = 2 * shape.linear_params / tp
-    c, b = flops / (hw.sm_flops * hw.sms), byts / hw.bw
-    return c / (c + b)

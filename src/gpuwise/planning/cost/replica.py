@@ -86,16 +86,19 @@ def handoff(acc: Accelerator, layout: Layout, hidden: int, tokens: float) -> flo
 def capacity(acc: Accelerator, layout: Layout, *, weight_bytes: float, activation_bytes: float,
              kv_bytes_per_seq: float, share: float, kv_block: int, context: int) -> int:
     """Sequences at the full ``context`` one replica holds: each GPU's ``share`` of memory less its weights and
-    activations, over its part of a sequence's cache (whole ``kv_block``-token blocks)."""
+    activations, over its part of a sequence's cache (whole ``kv_block``-token blocks): serving.max_concurrency
+    on one GPU of the layout."""
+    from gpuwise.planning.cost.serving import max_concurrency
+
     per_gpu_kv = kv_bytes_per_seq / layout.pp
     padded = per_gpu_kv * math.ceil(context / kv_block) * kv_block / context
-    free = acc.memory_bytes * share - weight_bytes / layout.gpus - activation_bytes
-    return max(0, math.floor(free / padded)) if padded > 0 else 0
+    return max_concurrency(acc, weight_bytes=weight_bytes / layout.gpus, kv_bytes_per_sequence=padded,
+                           activation_bytes=activation_bytes, utilization=share)
 
 
 def replica_load(shape: LlmShape, acc: Accelerator, rt: Runtime, layout: Layout, *, weights: str, prompt: int,
                  output: int, seqs: int, concurrency: float | None = None, rate: float | None = None,
-                 burst: int | None = None, kv_scale: float = 1.0, expert_read=None,
+                 burst: int | None = None, expert_read=None,
                  calibration: Calibration | None = None) -> tuple[Load | None, str]:
     """The replica's load (cost/load.py) with at most ``seqs`` sequences at once; (None, why) where it cannot be
     priced. ``expert_read(tokens)``: a MoE's weights a step of that many tokens reads, over one token's."""
@@ -108,9 +111,9 @@ def replica_load(shape: LlmShape, acc: Accelerator, rt: Runtime, layout: Layout,
     def step(decode: float, prefill: float, prefill_seqs: float) -> StepCost:
         er = expert_read(decode + prefill) if expert_read is not None else 1.0
         got = step_seconds(shape, acc, rt, decode=decode, context=mean_context, prefill=prefill,
-                           prefill_context=0.0, prefill_seqs=prefill_seqs, weights=weights, kv_scale=kv_scale,
-                           tp=layout.tp, layer_share=share, expert_read=er, comm=comm, row=layout.split == "row",
-                           host_share=1.0 if layout.split == "pp" else None, calibration=calibration)
+                           prefill_seqs=prefill_seqs, weights=weights, tp=layout.tp, layer_share=share, expert_read=er,
+                           comm=comm, row=layout.split == "row", host_share=1.0 if layout.split == "pp" else None,
+                           calibration=calibration)
         assert got is not None  # checked by the caller: the chip has the kernel model's facts
         return got
 
@@ -120,15 +123,15 @@ def replica_load(shape: LlmShape, acc: Accelerator, rt: Runtime, layout: Layout,
     return load, comm_basis
 
 
-def model_shape(planner, dims, *, context: int, kv_dtype: str | None = None, fallback=None):
+def model_shape(planner, dims, *, context: int, kv_dtype: str | None = None, fallback=None, kv=None):
     """(llm_step.LlmShape, kv_cache.SequenceKV) of a model from its captured decode step at ``context`` cached tokens
     (one sequence, bf16): ``plan --task decode``'s capture. ``fallback``: a captured inference step to read the
-    kernels from where the decode step cannot be captured."""
+    kernels from where the decode step cannot be captured; ``kv``: the cache at ``context`` where it is known."""
     from gpuwise.errors import GpuwiseError, NotApplicable
     from gpuwise.planning.cost.kv_cache import sequence_kv
     from gpuwise.planning.setup import Setup
 
-    kv = sequence_kv(planner, dims, context=max(context, 2), kv_dtype=kv_dtype)
+    kv = kv or sequence_kv(planner, dims, context=max(context, 2), kv_dtype=kv_dtype)
     try:
         step = planner.per_gpu(Setup(task="decode", micro_batch=1, context=max(context - 1, 1), precision="bf16",
                                      kv_dtype=kv_dtype))

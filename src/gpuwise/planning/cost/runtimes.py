@@ -37,7 +37,6 @@ from typing import Literal
 from gpuwise.errors import GpuwiseError
 
 Batching = Literal["continuous", "slots", "static"]
-Split = Literal["tp", "pp", "replicas"]
 
 # Bits per weight of GGUF's and FP4's formats, as stored (llm_step.WEIGHT_BYTES, the one table, reads them).
 # GGUF block layouts (ggml/src/ggml-common.h): q4_0 a 2-byte scale + 16 B for 32 weights = 4.5 bits; q8_0 2 + 32 B
@@ -78,10 +77,8 @@ class Runtime:
     compute: float = 1.0  # 16-bit GEMMs' share of the tile model's rate where a step is compute-bound: fitted
     legacy_mma: bool = False  # its kernels use Ampere's mma.sync, not Hopper's warp-group MMA (llama.cpp)
     splits: tuple[str, ...]  # how it spreads one replica over GPUs: "tp", "pp" (vLLM, SGLang, TRT), "layer" (llama.cpp)
-    default_split: str
     weights: tuple[str, ...]  # --weights it runs
     kv_dtypes: tuple[str, ...]  # --kv-dtype it stores
-    flags: str  # how the user names it in its own terms (documentation line)
     basis: str  # where the constants come from
 
     def runs(self, weights: str) -> bool:
@@ -95,41 +92,36 @@ RUNTIMES: MappingProxyType[str, Runtime] = MappingProxyType({
     "vllm": Runtime(
         name="vllm", batching="continuous", max_seqs=256, step_tokens=8192, kv_block=16, memory_share=0.9,
         graphs=True, kernels_per_layer=9, step_s=3.2e-3, seq_s=80e-6, request_s=75e-3, stream=1.0,
-        quant_stream=0.85, quant_compute=0.8, fast_allreduce_s=8e-6, splits=("tp", "pp"), default_split="tp",
+        quant_stream=0.85, quant_compute=0.8, fast_allreduce_s=8e-6, splits=("tp", "pp"),
         weights=("bf16", "fp16", "fp32", "fp8", "int8", "int4", "nf4", "nvfp4", "mxfp4", *_GGUF),
-        kv_dtypes=("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"),
-        flags="vllm serve MODEL --max-num-seqs N --tensor-parallel-size T", basis=_FITTED),
+        kv_dtypes=("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"), basis=_FITTED),
     "sglang": Runtime(
         name="sglang", batching="continuous", max_seqs=1024, step_tokens=8192, kv_block=1, memory_share=0.88,
         graphs=True, kernels_per_layer=9, step_s=2.2e-3, seq_s=80e-6, request_s=10e-3, stream=1.0,
-        quant_stream=0.85, quant_compute=0.8, fast_allreduce_s=8e-6, splits=("tp", "pp"), default_split="tp",
+        quant_stream=0.85, quant_compute=0.8, fast_allreduce_s=8e-6, splits=("tp", "pp"),
         weights=("bf16", "fp16", "fp8", "int8", "int4", "nvfp4", "mxfp4"),
-        kv_dtypes=("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"),
-        flags="python -m sglang.launch_server --model-path MODEL --tp T", basis=_FITTED),
+        kv_dtypes=("auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2"), basis=_FITTED),
     "tensorrt-llm": Runtime(
         name="tensorrt-llm", batching="continuous", max_seqs=2048, step_tokens=8192, kv_block=32,
         memory_share=0.95, graphs=True, kernels_per_layer=7, step_s=1.6e-3, seq_s=2e-6, request_s=10e-3,
         stream=1.0, quant_stream=0.9, quant_compute=0.9, fast_allreduce_s=6e-6, splits=("tp", "pp"),
-        default_split="tp", weights=("bf16", "fp16", "fp8", "int8", "int4", "nvfp4"),
-        kv_dtypes=("auto", "bf16", "fp16", "fp8", "fp8_e4m3"),
-        flags="trtllm-serve MODEL --tp_size T --max_batch_size N", basis=_FITTED),
+        weights=("bf16", "fp16", "fp8", "int8", "int4", "nvfp4"),
+        kv_dtypes=("auto", "bf16", "fp16", "fp8", "fp8_e4m3"), basis=_FITTED),
     "llama.cpp": Runtime(
         name="llama.cpp", batching="slots", max_seqs=1, step_tokens=512, kv_block=256, memory_share=1.0,
         graphs=True, kernels_per_layer=14, step_s=3.2e-3, seq_s=50e-6, request_s=1e-3, stream=1.0,
         quant_stream=1.22, quant_compute=0.2, fast_allreduce_s=None, row_sync_s=50e-6, int8_mma=True, compute=0.9,
-        hbm_stream=0.65, legacy_mma=True, splits=("layer", "row"), default_split="layer",
+        hbm_stream=0.65, legacy_mma=True, splits=("layer", "row"),
         weights=("f16", "bf16", "fp16", "fp32", "mxfp4", *_GGUF),
-        kv_dtypes=("auto", "bf16", "fp16"),
-        flags="llama-server -m MODEL.gguf -ngl 99 --parallel N --split-mode layer", basis=_FITTED),
+        kv_dtypes=("auto", "bf16", "fp16"), basis=_FITTED),
     "hf": Runtime(
         name="hf", batching="static", max_seqs=256, step_tokens=1 << 30, kv_block=1, memory_share=1.0,
         graphs=False, kernels_per_layer=0, step_s=0.5e-3, seq_s=20e-6, request_s=1e-3, stream=1.0,
-        quant_stream=0.5, quant_compute=0.5, fast_allreduce_s=None, splits=("layer",), default_split="layer",
-        weights=_HF_W, kv_dtypes=("auto", "bf16", "fp16"), flags="model.generate(...) with device_map='auto'",
+        quant_stream=0.5, quant_compute=0.5, fast_allreduce_s=None, splits=("layer",),
+        weights=_HF_W, kv_dtypes=("auto", "bf16", "fp16"),
         basis="eager dispatch measured (NeuSight's per-op latencies); host step and formats assumed (no published "
               "run to fit on)"),
 })
-RUNTIME_NAMES = tuple(RUNTIMES)
 
 
 def runtime(name: str) -> Runtime:

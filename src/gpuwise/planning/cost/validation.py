@@ -12,3 +12,9 @@ HELD_OUT_ERROR = ("held-out error on 135 published runs: median 20.5% (training 
 
 # The same median as a number: StepTime.error, printed as the step time's "±" in plan and recommend.
 ERROR_BAR = 0.205
+
+# The serving model's (llm_step, load, replica: recommend --serve), from its own held-out validation: RESULTS.md of
+# 2026-12-04, ``benchmarks/serving_truth.py`` (constants fitted on 18 published runs, these held out).
+SERVING_HELD_OUT = ("held-out error on published runs (benchmarks/serving_truth.py): median 16% on 111 multi-stream "
+                    "servers (TensorRT-LLM, MLPerf, SGLang, vLLM), 12% on 57 one-GPU and 15% on 73 multi-GPU "
+                    "llama.cpp streams")
