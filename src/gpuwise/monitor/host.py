@@ -60,23 +60,33 @@ class HostReader:
     def read(self) -> HostSample:
         per_core = tuple(float(x) for x in psutil.cpu_percent(percpu=True))
         vm = psutil.virtual_memory()
-        process_cpu = workers = workers_cpu = None
+        process_cpu = workers = workers_cpu = rss = workers_rss = threads = tree = tree_threads = None
         if self.process is not None:
             with contextlib.suppress(psutil.Error):
                 process_cpu = float(self.process.cpu_percent())
             with contextlib.suppress(psutil.Error):
+                rss = int(self.process.memory_info().rss)
+            with contextlib.suppress(psutil.Error):
+                threads = int(self.process.num_threads())
+            with contextlib.suppress(psutil.Error):
                 children = self.process.children(recursive=True)  # once a sample: pids() reuses it
                 known, self._children = self._children, {}
-                total, n = 0.0, 0
+                total, n, w_rss, t_all = 0.0, 0, 0, threads or 0
                 for child in children:
                     proc = known.get(child.pid, child)
                     self._children[child.pid] = proc
+                    with contextlib.suppress(psutil.Error):
+                        t_all += proc.num_threads()
                     if not self._worker(proc):
                         continue
                     n += 1
                     with contextlib.suppress(psutil.Error):
                         total += proc.cpu_percent()  # a child's first call primes it (0.0); it counts from the next
+                    with contextlib.suppress(psutil.Error):
+                        w_rss += proc.memory_info().rss
                 workers, workers_cpu = n, total
+                workers_rss = w_rss if n else None
+                tree, tree_threads = 1 + len(children), t_all
         iowait = None
         with contextlib.suppress(Exception):
             now = psutil.cpu_times()
@@ -84,6 +94,11 @@ class HostReader:
                 busy = sum(now) - sum(self._last_times)
                 iowait = 100.0 * (now.iowait - self._last_times.iowait) / busy if busy > 0 else 0.0
             self._last_times = now
+        load = None
+        with contextlib.suppress(OSError, AttributeError):
+            load = float(os.getloadavg()[0])
         return HostSample(cpu_pct=per_core, memory_used_bytes=int(vm.total - vm.available),
                           memory_total_bytes=int(vm.total), process_cpu_pct=process_cpu, workers=workers,
-                          workers_cpu_pct=workers_cpu, iowait_pct=iowait)
+                          workers_cpu_pct=workers_cpu, iowait_pct=iowait, process_rss_bytes=rss,
+                          workers_rss_bytes=workers_rss, process_threads=threads, tree_processes=tree,
+                          tree_threads=tree_threads, load_1m=load)

@@ -27,9 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuwise.monitor.comm_rules import communication_bound, straggler
 from gpuwise.monitor.device_rules import fragmentation, memory_full, roofline, throttled
-from gpuwise.monitor.loop_rules import communication_bound, host_bound, input_bound, watch_host
+from gpuwise.monitor.host_rules import oversubscribed
+from gpuwise.monitor.loop_rules import host_bound, input_bound, watch_host
+from gpuwise.monitor.memory_rules import memory_leak
 from gpuwise.monitor.samples import Record
+from gpuwise.monitor.step_rules import stalls
 from gpuwise.monitor.thresholds import MIN_JUDGED_STEPS
 from gpuwise.monitor.verdict import LOSS, RISK, ROOFLINE, Context, Diagnosis, Verdict
 from gpuwise.monitor.window import Earlier, Judged, Window, median, rounded, window
@@ -40,16 +44,20 @@ Rule = Callable[[Window, Earlier], Judged | None]
 RULES: dict[str, Rule] = {
     "input-bound": input_bound,  # with step timings
     "communication-bound": communication_bound,  # with step timings
+    "straggler": straggler,  # with every rank's step timings
+    "stalls": stalls,  # with step timings: outliers and periodic stalls
+    "oversubscribed": oversubscribed,  # threads x processes against the cores
     "watch-host": watch_host,  # without step timings: CPU and I/O from the host samples
     "host-bound": host_bound,
     "throttled": throttled,
     "memory-full": memory_full,
+    "memory-leak": memory_leak,  # RSS or the allocator growing step after step
     "fragmentation": fragmentation,
     "roofline": roofline,  # only when no loss class fired
 }
 
-_TIE_ORDER = {name: i for i, name in enumerate(("memory-full", *LOSS, "fragmentation", *ROOFLINE, "healthy",
-                                                "not-judged"))}
+_TIE_ORDER = {name: i for i, name in enumerate(("memory-full", *LOSS, "memory-leak", "fragmentation", *ROOFLINE,
+                                                "healthy", "not-judged"))}
 _SUPPLY_STEPS = ("time the loop with gpuwise.Monitor (monitor.step() each iteration, or gpuwise train): data wait, "
                  "communication and the step time need the loop's own timings")
 

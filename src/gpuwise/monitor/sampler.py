@@ -111,6 +111,8 @@ class Monitor:
         self._host: HostReader | None = None
         self.note: str | None = None
         self.device_kind = "cpu"
+        self._comm: Any = None  # times a DDP model's all-reduce (``ddp``)
+        self._rank: int | None = None
 
     # -- life --------------------------------------------------------------------------------------------------
 
@@ -130,7 +132,7 @@ class Monitor:
         if self._log_path is not None:
             self._log = open_log(self._log_path)
         events = os.environ.get(EVENTS_ENV)
-        if events and os.environ.get("RANK", "0") == "0":  # under torchrun one process speaks for the run
+        if events:  # under torchrun every rank appends its own events (each carries its rank)
             with contextlib.suppress(OSError):
                 self._events = open(events, "a")  # noqa: SIM115 - kept open for the run, closed in stop()
         self._t0 = time.perf_counter()
@@ -282,15 +284,40 @@ class Monitor:
             self._wait_cpu += time.process_time() - cpu
             yield item
 
+    def ddp(self, model: Any) -> Any:
+        """Time the all-reduce of a DistributedDataParallel ``model`` (a communication hook, before its first
+        backward): each ``step()`` then carries the communication backward did not hide. Returns ``model``."""
+        from gpuwise.monitor.comm import attach
+
+        self._comm = attach(model)
+        return model
+
+    def _current_rank(self) -> int | None:
+        """The torch.distributed rank of this process (None when not distributed)."""
+        if self._rank is None:
+            try:
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                    self._rank = dist.get_rank()
+            except Exception:  # a rank is a label: never an error
+                self._rank = None
+        return self._rank
+
     def step(self, *, seconds: float | None = None, data_wait_s: float | None = None,
              data_wait_cpu_s: float | None = None, compute_s: float | None = None,
              optimizer_s: float | None = None, comm_s: float | None = None,
              exposed_comm_s: float | None = None, peak_memory_bytes: int | None = None,
-             flops: float | None = None) -> StepEvent:
+             flops: float | None = None, items: int | None = None, micro_batches: int | None = None
+             ) -> StepEvent:
         """End a step. Without ``seconds``: the time since the previous step ended (or since start); without
-        ``data_wait_s``: the waits ``loader()`` timed since then."""
+        ``data_wait_s``: the waits ``loader()`` timed since then; without ``comm_s``/``exposed_comm_s``: what the
+        ``ddp`` hook timed since the last step. ``items``: samples (or tokens) the step consumed, for the
+        throughput over wall-clock time; ``micro_batches``: gradient-accumulation passes in the step."""
         now = time.perf_counter()
         self._learn_device()
+        if self._comm is not None and comm_s is None and exposed_comm_s is None:
+            comm_s, exposed_comm_s = self._comm.take()
         if seconds is None:
             seconds = now - (self._last_step_end if self._last_step_end is not None else self._t0)
         if data_wait_s is None:
@@ -303,7 +330,7 @@ class Monitor:
                               data_wait_s=float(data_wait_s), data_wait_cpu_s=data_wait_cpu_s,
                               compute_s=compute_s, optimizer_s=optimizer_s,
                               comm_s=comm_s, exposed_comm_s=exposed_comm_s, peak_memory_bytes=peak_memory_bytes,
-                              flops=flops)
+                              flops=flops, items=items, micro_batches=micro_batches, rank=self._current_rank())
             self._steps.append(event)
             if len(self._steps) > MAX_STEPS:
                 del self._steps[: len(self._steps) - MAX_STEPS]
@@ -341,8 +368,17 @@ class Monitor:
 
     def default_context(self) -> Context:
         """What the monitor knows of the machine and the loader, for the diagnosis."""
+        import torch
+
+        world = 1
+        with contextlib.suppress(Exception):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
         return Context(device=self.device_kind if self.device is None else self._torch_kind(),
-                       usable_cores=usable_cores(), loader=self._loader)
+                       usable_cores=usable_cores(), world_size=world, loader=self._loader,
+                       threads=torch.get_num_threads())
 
     def diagnose(self, context: Context | None = None, *, last_steps: int | None = None) -> Diagnosis:
         """The bottleneck so far (or over the ``last_steps``), its evidence and the fix. ``context`` adds the
@@ -352,3 +388,11 @@ class Monitor:
         if ctx.loader is None and base.loader is not None:
             ctx = replace(ctx, loader=base.loader)
         return judge(self.record(last_steps=last_steps), ctx)
+
+    def report(self, context: Context | None = None):
+        """What ``gpuwise watch --json`` prints, for this loop: the diagnosis (judged or not, and why), the step
+        time's median, p95 and max, throughput over wall-clock time, memory (process RSS, allocator) and the
+        ranks (``monitor.report.Report``)."""
+        from gpuwise.monitor.report import build_report
+
+        return build_report(self.record(), self.diagnose(context))

@@ -74,6 +74,13 @@ class HostSample:
     workers: int | None = None  # its child processes (DataLoader workers under torch)
     workers_cpu_pct: float | None = None  # all of them together, in % of one core
     iowait_pct: float | None = None  # Linux only
+    process_rss_bytes: int | None = None  # the main process's resident memory (a leak grows it step by step)
+    workers_rss_bytes: int | None = None  # its loader workers' together (pages shared with the parent counted in
+    # each: an upper bound)
+    process_threads: int | None = None  # OS threads of the main process (torch's intra-op pool among them)
+    tree_processes: int | None = None  # the process and every descendant (torchrun's ranks, workers, compilers)
+    tree_threads: int | None = None  # their threads together: against the cores, the oversubscription
+    load_1m: float | None = None  # the run queue, 1-minute load average (os.getloadavg), whole machine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +107,9 @@ class StepEvent:
     exposed_comm_s: float | None = None  # the part of comm_s that backward did not hide
     peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated over the step
     flops: float | None = None  # the plan's FLOPs of the step (per process): achieved rate and MFU
+    items: int | None = None  # samples (or tokens) the step consumed, over this process: wall-clock throughput
+    micro_batches: int | None = None  # forward/backward passes per optimizer step (gradient accumulation applied)
+    rank: int | None = None  # the torch.distributed rank that timed it (None: one process)
 
 
 @dataclass(frozen=True, kw_only=True)

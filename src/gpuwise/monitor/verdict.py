@@ -10,12 +10,15 @@ from typing import Any, Literal
 # "healthy": every rule that applies judged and none fired; "not-judged": what the loop's time goes to could not be
 # judged (no step timings, too few steps, nothing recorded), with what was missing and how to supply it
 Bottleneck = Literal["input-bound", "host-bound", "memory-bound", "compute-bound", "communication-bound",
-                     "fragmentation", "throttled", "memory-full", "healthy", "not-judged"]
+                     "stalls", "straggler", "oversubscribed", "fragmentation", "throttled", "memory-full",
+                     "memory-leak", "healthy", "not-judged"]
 BOTTLENECKS: tuple[str, ...] = ("input-bound", "host-bound", "memory-bound", "compute-bound", "communication-bound",
-                                "fragmentation", "throttled", "memory-full", "healthy", "not-judged")
+                                "stalls", "straggler", "oversubscribed", "fragmentation", "throttled", "memory-full",
+                                "memory-leak", "healthy", "not-judged")
 
-LOSS = ("input-bound", "communication-bound", "host-bound", "throttled")  # time a fix wins back
-RISK = ("memory-full", "fragmentation")  # no time lost yet: a run one step from failing
+# time a fix wins back
+LOSS = ("input-bound", "communication-bound", "stalls", "straggler", "oversubscribed", "host-bound", "throttled")
+RISK = ("memory-full", "memory-leak", "fragmentation")  # no time lost yet: a run heading for failure
 ROOFLINE = ("memory-bound", "compute-bound")  # said only when no loss class fired
 
 
@@ -46,6 +49,8 @@ class Context:
     planned_bytes_per_step: float | None = None  # bytes the step moves (roofline with the FLOPs of each step)
     kernels_per_step: int | None = None  # kernel launches of the captured step (host-bound evidence)
     remedies: tuple[str, ...] = ()  # the plan's remedies in order, each as the flags to add (memory-full)
+    grad_accum: int | None = None  # micro-batches per optimizer step the loop already runs (a fix never re-proposes)
+    threads: int | None = None  # torch's intra-op threads in the loop's process (torch.get_num_threads), where known
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpuwise.monitor.samples import DeviceSample, HostSample, OomEvent, Record, Sample, StepEvent
@@ -94,6 +95,15 @@ class Window:
     sample_warmup: str
     ooms: tuple[OomEvent, ...]
     context: Context
+    ranks: Mapping[int, tuple[StepEvent, ...]] = field(default_factory=lambda: MappingProxyType({}))  # every rank's judged steps, where the
+    # events carry ranks (torchrun); ``steps`` are the lowest rank's
+
+    @property
+    def seconds(self) -> float:
+        """Wall time the judged steps span: from the end of the last warm-up step to the end of the last one."""
+        if not self.steps:
+            return 0.0
+        return self.steps[-1].t - (self.steps[0].t - self.steps[0].seconds)
 
     @property
     def timed(self) -> bool:
@@ -106,8 +116,19 @@ def warmup_steps(n: int) -> int:
     return max(0, min(skip, n - MIN_JUDGED_STEPS))
 
 
+def _rank_steps(record: Record) -> dict[int | None, tuple[StepEvent, ...]]:
+    out: dict[int | None, list[StepEvent]] = {}
+    for s in sorted(record.steps, key=lambda s: s.t):
+        if s.seconds > 0:
+            out.setdefault(s.rank, []).append(s)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def window(record: Record, context: Context) -> Window:
-    steps = tuple(s for s in sorted(record.steps, key=lambda s: s.t) if s.seconds > 0)
+    by_rank = _rank_steps(record)
+    ranked = {k: v for k, v in by_rank.items() if k is not None}
+    steps = by_rank.get(None) or (ranked[min(ranked)] if ranked else ())  # one process, else the lowest rank
+    ranks = {k: v[warmup_steps(len(v)):] for k, v in sorted(ranked.items())} if len(ranked) > 1 else {}
     warm = warmup_steps(len(steps))
     judged = steps[warm:]
     samples = tuple(sorted(record.samples, key=lambda s: s.t))
@@ -129,5 +150,5 @@ def window(record: Record, context: Context) -> Window:
     return Window(steps=judged, warmup=warm, samples=chosen,
                   devices=tuple(d for s in chosen for d in s.devices),
                   hosts=tuple(s.host for s in chosen if s.host is not None), sample_warmup=how,
-                  ooms=tuple(record.ooms), context=context)
+                  ooms=tuple(record.ooms), context=context, ranks=MappingProxyType(ranks))
 
