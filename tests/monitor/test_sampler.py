@@ -83,6 +83,35 @@ def test_steps_go_to_the_watchs_events_file_when_it_asks(tmp_path, monkeypatch):
     assert json.loads(line) == {"kind": "step", **json.loads(line)} and json.loads(line)["data_wait_s"] == 0.25
 
 
+def test_every_rank_writes_its_events_with_its_items_and_accumulation(tmp_path, monkeypatch):
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv(EVENTS_ENV, str(events))
+    monkeypatch.setenv("RANK", "1")  # under torchrun: a rank other than 0 speaks too (the watch names stragglers)
+    with Monitor(interval_s=0.05, gpus=False) as mon:
+        mon.step(seconds=0.5, items=32, micro_batches=4)
+    (line,) = events.read_text().splitlines()
+    event = json.loads(line)
+    assert (event["items"], event["micro_batches"], event["rank"]) == (32, 4, None)  # no process group: no rank
+
+
+def test_host_samples_carry_the_processs_resident_memory_and_threads():
+    import threading
+
+    import psutil
+
+    with Monitor(interval_s=0.02, gpus=False) as mon:
+        ballast = bytearray(64 * 2**20)  # 64 MiB resident once touched
+        ballast[::4096] = b"x" * len(ballast[::4096])
+        time.sleep(0.1)
+    hosts = [s.host for s in mon.record().samples if s.host is not None]
+    rss = [h.process_rss_bytes for h in hosts]
+    assert max(rss) - min(rss) >= 48 * 2**20  # the ballast shows
+    assert max(rss) <= psutil.Process().memory_info().rss * 1.05
+    assert all(h.process_threads >= threading.active_count() - 1 for h in hosts)  # the sampler thread among them
+    assert all(h.tree_processes >= 1 and h.load_1m is not None for h in hosts)
+    del ballast
+
+
 def test_a_log_that_cannot_be_written_is_one_line_before_anything_runs(tmp_path):
     from gpuwise.errors import GpuwiseError
 
