@@ -10,7 +10,9 @@ field values by scopeId the way nvml.h says real NVML does.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
+from types import SimpleNamespace
 
 import pynvml
 import pytest
@@ -24,10 +26,11 @@ from fakes.nvml import (
     TIMEOUT,
     UINT_MAX,
     FakeNvml,
+    _api,
     h100,
 )
-from gpuwise.monitor.nvml import CLOCK_REASONS, THROTTLING, NvmlReader, decode_clock_reasons, open_nvml
-from gpuwise.monitor.samples import DeviceSample
+from gpuwise.monitor.nvml import CLOCK_REASONS, THROTTLING, NvmlReader, decode_clock_reasons, mig_label, open_nvml
+from gpuwise.monitor.samples import DeviceSample, Sample, from_line, to_line
 
 
 class Clock:
@@ -53,6 +56,7 @@ def two_reads(fake: FakeNvml, pids=None, clock: Clock | None = None) -> tuple[De
 
 
 FIELDS = [f.name for f in dataclasses.fields(DeviceSample)]
+OFF_MIG_NONE = {"mig", "note"}  # None on a whole GPU that reads every sensor
 INTERVAL_FIELDS = {"nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "sm_active_pct", "sm_occupancy_pct",
                    "tensor_active_pct", "dram_active_pct"}
 
@@ -73,6 +77,7 @@ def test_every_field_read_and_converted():
         # 18 links x 2000 KiB out, x 3000 KiB in, over 0.5 s
         nvlink_tx_bytes_per_s=18 * 2_000 * 1024 / 0.5, nvlink_rx_bytes_per_s=18 * 3_000 * 1024 / 0.5,
         sm_active_pct=83.5, sm_occupancy_pct=41.25, tensor_active_pct=62.0, dram_active_pct=55.5,
+        vendor="nvidia", mig=None, note=None,  # a whole GPU, not in MIG mode: nothing missing by design
     )
     assert set(expected) == set(FIELDS)  # a new DeviceSample field must be read and tested here
     for name, value in expected.items():
@@ -151,7 +156,7 @@ def test_one_failing_query_gives_none_in_exactly_its_fields(function, code):
             assert getattr(broken, name) is None, name
         else:
             assert getattr(broken, name) == getattr(baseline, name), name
-            assert getattr(baseline, name) is not None, name
+            assert getattr(baseline, name) is not None or name in OFF_MIG_NONE, name
 
 
 @pytest.mark.parametrize("function", sorted(AFFECTS))
@@ -505,3 +510,211 @@ def test_the_reader_asks_only_for_names_pynvml_has():
     for name in module.names:
         if name.startswith("NVML_") and name != "NVML_NVLINK_MAX_LINKS":  # 36 in 13.x; 18 links on an H100
             assert getattr(module._module, name) == getattr(pynvml, name), name
+
+
+# -- MIG -------------------------------------------------------------------------------------------------------------
+
+NOT_FOUND = 6  # nvml.h NVML_ERROR_NOT_FOUND: no MIG device in that slot
+GIB = 1024**3
+
+
+def a100_mig(**changes) -> dict:
+    """An A100 80GB in MIG mode with a 3g.40gb instance in slot 0 (the watched pid 4242 on it) and a 1g.10gb one in
+    slot 3 (someone else's pid 777); the whole-GPU process list has no figures (no privileges, as for most users)."""
+    state = h100(name="NVIDIA A100-SXM4-80GB", mem_total=80 * GIB, mem_used=47 * GIB, mig_mode=[1, 1],
+                 processes=[(4242, None), (777, None)],
+                 mig=[dict(slot=0, uuid="MIG-0c1e2a3b-aaaa", gi=1, ci=0, name="NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+                           mem_total=40 * GIB, mem_used=31 * GIB, processes=[(4242, 30 * GIB)]),
+                      dict(slot=3, uuid="MIG-7f8e9d0c-bbbb", gi=5, ci=0, name="NVIDIA A100-SXM4-80GB MIG 1g.10gb",
+                           mem_total=10 * GIB, mem_used=6 * GIB, processes=[(777, 5 * GIB)])])
+    state.update(changes)
+    return state
+
+
+class MigNvml(FakeNvml):
+    """FakeNvml with pynvml's MIG calls: MIG device handles carry their slot, a GPU in MIG mode (and each of its MIG
+    devices) answers utilisation NotSupported as NVML does, the per-instance queries need a MIG device handle."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+    MAX_MIG = 7  # an A100's nvmlDeviceGetMaxMigDeviceCount
+
+    def _dev(self, handle) -> dict:
+        device = super()._dev(handle)
+        slot = getattr(handle, "mig", None)
+        return device if slot is None else next(m for m in device["mig"] if m["slot"] == slot)
+
+    def _mig(self, h) -> dict:
+        if getattr(h, "mig", None) is None:
+            raise self.NVMLError(2)  # Invalid Argument: not a MIG device handle
+        return self._dev(h)
+
+    @_api
+    def nvmlDeviceGetUtilizationRates(self, h):
+        if getattr(h, "mig", None) is not None or self.devices[h.index].get("mig_mode", [0])[0] == 1:
+            raise self.NVMLError(NOT_SUPPORTED)
+        return SimpleNamespace(gpu=self._dev(h)["util_gpu"], memory=self._dev(h)["util_mem"])
+
+    @_api
+    def nvmlDeviceGetMigMode(self, h):
+        if "mig_mode" not in self._dev(h):
+            raise self.NVMLError(NOT_SUPPORTED)  # a GPU without MIG
+        return list(self._dev(h)["mig_mode"])
+
+    @_api
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return self.MAX_MIG if "mig_mode" in self._dev(h) else 0
+
+    @_api
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, slot):
+        if not any(m["slot"] == slot for m in self._dev(h).get("mig", ())):
+            raise self.NVMLError(NOT_FOUND)
+        return SimpleNamespace(index=h.index, mig=slot)
+
+    @_api
+    def nvmlDeviceGetGpuInstanceId(self, h):
+        return self._mig(h)["gi"]
+
+    @_api
+    def nvmlDeviceGetComputeInstanceId(self, h):
+        return self._mig(h)["ci"]
+
+    @_api
+    def nvmlDeviceGetUUID(self, h):
+        return self._mig(h)["uuid"]
+
+
+MIG_CALLS = ("nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
+             "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetUUID")
+
+
+def test_mig_gpu_is_read_whole_then_each_instance():
+    fake = MigNvml([a100_mig()])
+    reader = NvmlReader(nvml=fake)
+    gpu, big, small = reader.read({4242})
+    # the whole GPU: the shared sensors, no utilisation (and a note saying why, not an error)
+    assert (gpu.index, gpu.mig, gpu.vendor, gpu.name) == (0, None, "nvidia", "NVIDIA A100-SXM4-80GB")
+    assert gpu.util_pct is None and gpu.mem_util_pct is None and gpu.note == "utilisation not available under MIG"
+    assert (gpu.memory_used_bytes, gpu.memory_total_bytes) == (47 * GIB, 80 * GIB)
+    assert gpu.power_w == pytest.approx(612.345) and gpu.sm_clock_mhz == 1755.0 and gpu.temperature_c == 71.0
+    # the whole-GPU list has no figure for 4242 (no privileges): the sum over its instances
+    assert gpu.process_memory_bytes == 30 * GIB
+    # each instance: named by UUID and GI/CI ids, its own memory, the watched process's memory on it
+    assert (big.index, big.mig, big.name) == (0, "MIG-0c1e2a3b-aaaa (GI 1, CI 0)", "NVIDIA A100-SXM4-80GB MIG 3g.40gb")
+    assert (big.memory_used_bytes, big.memory_total_bytes, big.process_memory_bytes) == (31 * GIB, 40 * GIB, 30 * GIB)
+    assert (small.mig, small.memory_total_bytes, small.process_memory_bytes) == ("MIG-7f8e9d0c-bbbb (GI 5, CI 0)",
+                                                                                  10 * GIB, None)  # 777: not ours
+    for inst in (big, small):
+        assert inst.util_pct is None and inst.note == "utilisation not available under MIG"
+        assert inst.vendor == "nvidia" and inst.power_w is None and inst.clock_reasons is None  # on the GPU's sample
+    assert reader.note == "MIG mode on GPU 0 (2 MIG devices): utilisation not available under MIG"
+    assert reader.indices == (0,)  # still one GPU to the callers that map CUDA devices to NVML indices
+
+
+def test_mig_whole_gpu_process_list_with_privileges_is_used_as_is():
+    fake = MigNvml([a100_mig(processes=[(4242, 31 * GIB), (777, 5 * GIB)])])
+    gpu, big, _ = NvmlReader(nvml=fake).read({4242})
+    assert gpu.process_memory_bytes == 31 * GIB and big.process_memory_bytes == 30 * GIB
+
+
+def test_mig_devices_found_once_and_utilisation_asked_once():
+    fake = MigNvml([a100_mig()])
+    reader = NvmlReader(nvml=fake)
+    for _ in range(3):
+        assert len(reader.read({4242})) == 3
+    assert fake.calls["nvmlDeviceGetMigMode"] == fake.calls["nvmlDeviceGetMaxMigDeviceCount"] == 1
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == MigNvml.MAX_MIG  # every slot, once
+    assert fake.calls["nvmlDeviceGetUUID"] == fake.calls["nvmlDeviceGetGpuInstanceId"] == 2  # static, per instance
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 3  # GPU + 2 instances, NotSupported once each
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 3 * 3  # every read: the GPU and both instances
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses"] == 3 * 3
+
+
+def test_mig_off_reads_the_gpu_as_before():
+    fake = MigNvml([h100(mig_mode=[0, 0])])
+    reader = NvmlReader(nvml=fake)
+    _, baseline = two_reads(FakeNvml(), pids={4242})
+    _, second = two_reads(fake, pids={4242})
+    assert second == baseline and second.util_pct == 97.0 and second.note is None
+    assert len(reader.read()) == 1 and reader.note is None
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == fake.calls["nvmlDeviceGetMaxMigDeviceCount"] == 0
+
+
+@pytest.mark.parametrize("how", ["missing from the binding", "FunctionNotFound", "NotSupported"])
+def test_a_driver_without_the_mig_calls_reads_every_gpu_whole(how):
+    fake = MigNvml([h100()])  # no MIG on this GPU (or driver): utilisation works
+    if how == "missing from the binding":
+        fake.missing.update(MIG_CALLS)
+    else:
+        fake.fail("nvmlDeviceGetMigMode", FUNCTION_NOT_FOUND if how == "FunctionNotFound" else NOT_SUPPORTED)
+    reader = NvmlReader(nvml=fake)
+    for _ in range(3):
+        (sample,) = reader.read({4242})
+        assert sample.util_pct == 97.0 and sample.mig is None and sample.note is None
+    assert reader.note is None
+    assert fake.calls["nvmlDeviceGetMigMode"] == (0 if how == "missing from the binding" else 1)  # not asked again
+    assert fake.calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 0
+
+
+def test_mig_mode_that_times_out_is_asked_again():
+    fake = MigNvml([a100_mig()]).fail("nvmlDeviceGetMigMode", TIMEOUT)
+    reader = NvmlReader(nvml=fake)
+    assert len(reader.read()) == 1  # not known yet: the GPU alone
+    del fake.failing["nvmlDeviceGetMigMode"]
+    assert [s.mig for s in reader.read()] == [None, "MIG-0c1e2a3b-aaaa (GI 1, CI 0)", "MIG-7f8e9d0c-bbbb (GI 5, CI 0)"]
+
+
+def test_mig_in_mode_without_instances_is_the_gpu_with_its_note():
+    fake = MigNvml([a100_mig(mig=[])])
+    reader = NvmlReader(nvml=fake)
+    (gpu,) = reader.read({4242})
+    assert gpu.util_pct is None and gpu.note == "utilisation not available under MIG"
+    assert gpu.process_memory_bytes is None  # no figure anywhere: not a zero
+    assert reader.note == "MIG mode on GPU 0 (0 MIG devices): utilisation not available under MIG"
+
+
+def test_one_mig_device_failing_leaves_the_others():
+    fake = MigNvml([a100_mig()])
+    reader = NvmlReader(nvml=fake)
+    reader.read({4242})
+    real = fake.nvmlDeviceGetMemoryInfo
+
+    def memory(h):  # the 1g.10gb instance was destroyed meanwhile: NotFound, a passing error
+        if getattr(h, "mig", None) == 3:
+            raise fake.NVMLError(NOT_FOUND)
+        return real(h)
+
+    fake.nvmlDeviceGetMemoryInfo = memory
+    gpu, big, small = reader.read({4242})
+    assert small.memory_used_bytes is None and small.mig == "MIG-7f8e9d0c-bbbb (GI 5, CI 0)"
+    assert big.memory_used_bytes == 31 * GIB and gpu.memory_used_bytes == 47 * GIB
+
+
+def test_mig_label_without_uuid_or_ids():
+    assert mig_label(b"MIG-1234", 2, 1) == "MIG-1234 (GI 2, CI 1)"  # bytes from an old binding
+    assert mig_label(None, 2, 1) == "GI 2, CI 1"
+    assert mig_label("MIG-1234", None, None) == "MIG-1234"
+    assert mig_label(None, None, None, 4) == "MIG device 4"
+
+
+def test_mig_sample_round_trips_a_log_line():
+    gpu, big, _ = NvmlReader(nvml=MigNvml([a100_mig()])).read({4242})
+    for device in (gpu, big):
+        line = to_line(Sample(t=1.0, devices=(device,)))
+        assert from_line(line) == Sample(t=1.0, devices=(device,))
+    old = json.loads(to_line(Sample(t=1.0, devices=(big,))))
+    for key in ("vendor", "mig", "note"):
+        del old["devices"][0][key]  # a log written before these fields
+    assert from_line(json.dumps(old)).devices[0].mig is None
+
+
+def test_the_mig_reader_asks_only_for_names_pynvml_has():
+    module = Recording(MigNvml([a100_mig()]))
+    reader = NvmlReader(nvml=module)
+    for _ in range(2):
+        reader.read({4242})
+    reader.close()
+    assert set(MIG_CALLS) <= module.names
+    missing = {name for name in module.names if not hasattr(pynvml, name)}
+    assert not missing, missing
+    assert module._module.NVML_DEVICE_MIG_ENABLE == pynvml.NVML_DEVICE_MIG_ENABLE and NOT_FOUND == \
+        pynvml.NVML_ERROR_NOT_FOUND

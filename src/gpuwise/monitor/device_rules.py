@@ -26,7 +26,7 @@ from gpuwise.monitor.thresholds import (
     WINDOW_SAMPLES,
 )
 from gpuwise.monitor.verdict import LOSS, Verdict
-from gpuwise.monitor.window import Earlier, Judged, Window, median, ms, pct, persistent, rounded
+from gpuwise.monitor.window import Earlier, Judged, Window, device_total, median, ms, pct, persistent, rounded
 from gpuwise.units import human_bytes
 
 
@@ -162,8 +162,7 @@ def fragmentation(view: Window, earlier: Earlier) -> Judged | None:
 def memory_full(view: Window, earlier: Earlier) -> Judged | None:
     """An OOM, or the peak past ``MEMORY_FULL_SHARE`` of the device; the fix is the plan's remedies in order."""
     ctx = view.context
-    total = ctx.memory_total_bytes or median([d.memory_total_bytes for d in view.devices
-                                              if d.memory_total_bytes])
+    total = device_total(view)
     fracs: list[tuple[float, str]] = []
     if total:
         fracs += [(s.peak_memory_bytes / total, "step peak (max_memory_allocated)") for s in view.steps

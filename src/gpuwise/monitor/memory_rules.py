@@ -28,7 +28,7 @@ from typing import Any
 
 from gpuwise.monitor.samples import StepEvent
 from gpuwise.monitor.verdict import Verdict
-from gpuwise.monitor.window import Earlier, Judged, Window, median, rounded
+from gpuwise.monitor.window import Earlier, Judged, Window, device_total, rounded
 from gpuwise.units import GB, MB, MiB
 
 # -- thresholds ----------------------------------------------------------------------------------------------------
@@ -240,8 +240,7 @@ def _series(view: Window) -> tuple[list[_Series], dict[str, Any]]:
         [(t, h.workers_rss_bytes) for t, h in hosts if h.workers_rss_bytes is not None], host_room, _WORKERS_FIX,
         "copy-on-access of the Dataset's Python objects in each worker")
 
-    ctx = view.context
-    total = ctx.memory_total_bytes or median([d.memory_total_bytes for d in view.devices if d.memory_total_bytes])
+    total = device_total(view)
     allocs = [(s.t, s.allocator, s.devices) for s in view.samples if s.allocator is not None]
     if allocs:
         _, last, devs = allocs[-1]
@@ -259,11 +258,11 @@ def _series(view: Window) -> tuple[list[_Series], dict[str, Any]]:
             None if not total else total - peaks[-1][1], _CUDA_FIX,
             "tensors kept alive across steps (a loss kept with its graph, outputs collected, caches)")
         return out, notes
-    by_gpu: dict[int, list[tuple[float, Any]]] = {}
+    by_gpu: dict[tuple[int, str], list[tuple[float, Any]]] = {}  # a MIG instance apart from its GPU
     for s in view.samples:
         for d in s.devices:
             if d.process_memory_bytes is not None:
-                by_gpu.setdefault(d.index, []).append((s.t, d))
+                by_gpu.setdefault((d.index, d.mig or ""), []).append((s.t, d))
     for index, readings in sorted(by_gpu.items()):
         d = readings[-1][1]
         room = (d.memory_total_bytes - d.memory_used_bytes if d.memory_total_bytes and d.memory_used_bytes is not None

@@ -7,6 +7,16 @@ slowdown temperature) are read once. Rates that NVML only has as counters (NVLin
 activity, occupancy, tensor and DRAM activity, Hopper and newer) are taken over the interval since the previous read,
 so the first read has them as ``None``. Units: bytes, bytes/s, W, J, MHz, degrees C, percent.
 
+MIG (A100, H100 and newer, nvitop#5): a GPU in MIG mode (``nvmlDeviceGetMigMode``) is read as the whole GPU (power,
+clocks, temperature: shared by every instance) followed by one ``DeviceSample`` per MIG device (``mig`` names it by
+UUID and GPU/compute instance ids; same ``index``), each with its own memory and the watched processes' memory on it.
+NVML gives no utilisation under MIG ("On MIG-enabled GPUs, querying device utilization rates is not currently
+supported"; nvidia_gpu_exporter#203): ``util_pct`` is None and ``note`` says so, never an error. The MIG devices are
+found on the first read; instances created later are not seen. A driver or binding without the MIG calls
+(NotSupported, FunctionNotFound, no such function) reads every GPU whole.
+
+No NVIDIA GPU: ``open_nvml`` falls back to AMD GPUs through ``amdsmi`` (``monitor.amd``), where present.
+
 NVML itself (init, shutdown, device handles) is ``gpuwise.nvml.NvmlSession``'s: a reader starts its own session,
 or reads through one the caller holds (``session=``) and leaves it open. The nvml module is injectable (``nvml=``):
 tests pass a fake with the same function names, constants and ``NVMLError`` (tests/fakes/nvml.py), so none
@@ -19,12 +29,15 @@ import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwise.errors import first_line
 from gpuwise.monitor.samples import DeviceSample
 from gpuwise.nvml import NvmlSession
 from gpuwise.nvml import text as nvml_text
+
+if TYPE_CHECKING:
+    from gpuwise.monitor.amd import AmdReader
 
 try:  # only for the clock-event mask constants; the reader itself takes the module it is given
     import pynvml as _pynvml
@@ -101,6 +114,8 @@ _GPM_METRICS = (("NVML_GPM_METRIC_SM_UTIL", 2, "sm_active_pct"), ("NVML_GPM_METR
                 "sm_occupancy_pct"), ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", 5, "tensor_active_pct"),
                 ("NVML_GPM_METRIC_DRAM_BW_UTIL", 10, "dram_active_pct"))
 _GPM_FIELDS = tuple(name for _, _, name in _GPM_METRICS)
+_MIG_ENABLE = 1  # nvml.h NVML_DEVICE_MIG_ENABLE: nvmlDeviceGetMigMode's current mode when MIG is on
+MIG_NO_UTIL = "utilisation not available under MIG"
 
 
 @dataclass
@@ -116,10 +131,17 @@ class _Device:
     nvlink_prev: tuple[float, float, float] | None = None  # (time, tx KiB, rx KiB)
     gpm: str = "unknown"  # "unknown" (not probed yet), "on", "off"
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, spare] nvmlGpmSample_t
+    mig_on: bool = False  # the GPU is in MIG mode
+    mig: list[_Device] | None = None  # its MIG devices; None until probed, [] when not in MIG mode
+    mig_slot: int | None = None  # a MIG device: its index under nvmlDeviceGetMigDeviceHandleByIndex
 
 
 class NoSuchGpu(LookupError):
-    """A requested NVML index that NVML cannot open (``NvmlReader(indices=...)``)."""
+    """A requested NVML index that NVML cannot open (``NvmlReader(indices=...)``); ``gpus``: how many NVML counts."""
+
+    def __init__(self, message: str, gpus: int = 0) -> None:
+        super().__init__(message)
+        self.gpus = gpus
 
 
 class NvmlReader:
@@ -140,7 +162,8 @@ class NvmlReader:
         self._error: type[BaseException] = self.session.error
         self._closed = False
         try:
-            wanted = list(range(self.session.count())) if indices is None else list(indices)
+            count = self.session.count()
+            wanted = list(range(count)) if indices is None else list(indices)
             self._devices: list[_Device] = []
             self.skipped: dict[int, str] = {}  # GPUs NVML counts but cannot open (lost, fallen off the bus)
             for i in wanted:
@@ -148,15 +171,30 @@ class NvmlReader:
                     self._devices.append(_Device(i, self.session.handle(i)))
                 except Exception as exc:
                     if indices is not None:  # asked for by name: not there is an error
-                        raise NoSuchGpu(f"NVML has no GPU {i} ({first_line(exc)})") from exc
+                        raise NoSuchGpu(f"NVML has no GPU {i} ({first_line(exc)})", count) from exc
                     self.skipped[i] = first_line(exc)
         except BaseException:
             self._shutdown()
             raise
 
+    vendor = "nvidia"
+
     @property
     def indices(self) -> tuple[int, ...]:
         return tuple(d.index for d in self._devices)
+
+    @property
+    def note(self) -> str | None:
+        """One line on what these GPUs cannot give by design (MIG: no utilisation); None when nothing."""
+        if self._closed:
+            return None
+        for dev in self._devices:
+            self._mig_devices(dev)  # found on the first read, or now
+        mig = [(d.index, len(d.mig or ())) for d in self._devices if d.mig_on]
+        if not mig:
+            return None
+        where = ", ".join(f"GPU {i} ({n} MIG device{'' if n == 1 else 's'})" for i, n in mig)
+        return f"MIG mode on {where}: {MIG_NO_UTIL}"
 
     # -- one query -------------------------------------------------------------------------------------------
 
@@ -205,12 +243,80 @@ class NvmlReader:
     # -- a read ----------------------------------------------------------------------------------------------
 
     def read(self, pids: Collection[int] | None = None) -> tuple[DeviceSample, ...]:
-        """Every device now. ``pids``: the processes whose GPU memory is ``process_memory_bytes`` (None: not read)."""
+        """Every device now: each GPU, and after a GPU in MIG mode each of its MIG devices (same ``index``, ``mig``
+        set). ``pids``: the processes whose GPU memory is ``process_memory_bytes`` (None: not read)."""
         if self._closed:
             return ()
-        return tuple(self._read_device(dev, pids) for dev in self._devices)
+        out: list[DeviceSample] = []
+        for dev in self._devices:
+            instances = [self._read_mig(dev, mig, pids) for mig in self._mig_devices(dev)]
+            out.append(self._read_device(dev, pids, instances))
+            out.extend(instances)
+        return tuple(out)
 
-    def _read_device(self, dev: _Device, pids: Collection[int] | None) -> DeviceSample:
+    # -- MIG ---------------------------------------------------------------------------------------------------
+
+    def _mig_devices(self, dev: _Device) -> list[_Device]:
+        """The MIG devices of a GPU in MIG mode, found once (``nvmlDeviceGetMaxMigDeviceCount`` slots, each through
+        ``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot answers NotFound). [] off MIG, and where the driver or
+        binding has no MIG calls; a passing error (Timeout) leaves the question open for the next read."""
+        if dev.mig is not None:
+            return dev.mig
+        mode = self._call(dev, "mig_mode", "nvmlDeviceGetMigMode")  # [current, pending]
+        if mode is None:
+            if "mig_mode" in dev.unsupported:  # no MIG on this GPU, driver or binding
+                dev.mig = []
+            return []
+        try:
+            current = int(mode[0])
+        except (TypeError, ValueError, IndexError):
+            dev.mig = []
+            return []
+        if current != self._const("NVML_DEVICE_MIG_ENABLE", _MIG_ENABLE):
+            dev.mig = []
+            return []
+        dev.mig_on = True
+        count = self._call(dev, "mig_count", "nvmlDeviceGetMaxMigDeviceCount")
+        if count is None:
+            if "mig_count" in dev.unsupported:
+                dev.mig = []
+            return []
+        get = getattr(self.nvml, "nvmlDeviceGetMigDeviceHandleByIndex", None)
+        found = []
+        for slot in range(int(count) if get is not None else 0):
+            try:
+                handle = get(dev.handle, slot)
+            except Exception:  # NVMLError_NotFound: no MIG device in this slot
+                continue
+            found.append(_Device(dev.index, handle, mig_slot=slot))
+        dev.mig = found
+        return found
+
+    def _read_mig(self, gpu: _Device, mig: _Device, pids: Collection[int] | None) -> DeviceSample:
+        """One MIG device: its name (``... MIG 1g.10gb``), memory, and the watched processes' memory on it (the
+        per-instance list: "Per-instance information can be queried by using specific MIG device handles", NVML).
+        Utilisation is asked once in case a driver gives it; NVML answers NotSupported."""
+        uuid = self._static(mig, "uuid", "nvmlDeviceGetUUID")
+        gi = self._static(mig, "gpu_instance", "nvmlDeviceGetGpuInstanceId")
+        ci = self._static(mig, "compute_instance", "nvmlDeviceGetComputeInstanceId")
+        name = self._static(mig, "name", "nvmlDeviceGetName")
+        util = self._call(mig, "util", "nvmlDeviceGetUtilizationRates")
+        memory = self._call(mig, "memory", "nvmlDeviceGetMemoryInfo")
+        return DeviceSample(
+            index=gpu.index, vendor=self.vendor, mig=mig_label(uuid, gi, ci, mig.mig_slot),
+            name=None if name is None else nvml_text(name),
+            util_pct=None if util is None else float(util.gpu),
+            mem_util_pct=None if util is None else float(util.memory),
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            process_memory_bytes=None if pids is None else self._process_memory(mig, pids),
+            note=MIG_NO_UTIL if util is None else None,
+        )
+
+    # -- the whole GPU -----------------------------------------------------------------------------------------
+
+    def _read_device(self, dev: _Device, pids: Collection[int] | None,
+                     instances: Sequence[DeviceSample] = ()) -> DeviceSample:
         c = self._const
         name = self._static(dev, "name", "nvmlDeviceGetName")
         util = self._call(dev, "util", "nvmlDeviceGetUtilizationRates")  # N/A under MIG
@@ -231,14 +337,20 @@ class NvmlReader:
         slowdown = self._static(dev, "temperature_slowdown", "nvmlDeviceGetTemperatureThreshold",
                                 c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
         nvlink_tx, nvlink_rx = self._nvlink(dev)
+        process = None if pids is None else self._process_memory(dev, pids)
+        if process is None and instances:  # the whole-GPU list needs privileges under MIG: the instances' sum
+            on = [d.process_memory_bytes for d in instances if d.process_memory_bytes is not None]
+            process = sum(on) if on else None
         return DeviceSample(
             index=dev.index,
+            vendor=self.vendor,
+            note=MIG_NO_UTIL if dev.mig_on and util is None else None,
             name=None if name is None else nvml_text(name),
             util_pct=None if util is None else float(util.gpu),
             mem_util_pct=None if util is None else float(util.memory),
             memory_used_bytes=None if memory is None else int(memory.used),
             memory_total_bytes=None if memory is None else int(memory.total),
-            process_memory_bytes=None if pids is None else self._process_memory(dev, pids),
+            process_memory_bytes=process,
             power_w=_scaled(power, 1e-3),
             power_limit_w=_scaled(limit, 1e-3),
             power_default_limit_w=_scaled(default_limit, 1e-3),
@@ -387,24 +499,59 @@ def _scaled(value: Any, factor: float) -> float | None:
     return None if value is None else float(value) * factor
 
 
+def mig_label(uuid: Any, gpu_instance: Any, compute_instance: Any, slot: int | None = None) -> str:
+    """A MIG device's name as nvidia-smi and CUDA_VISIBLE_DEVICES know it: ``"MIG-<uuid> (GI 1, CI 0)"``; the ids
+    alone without a UUID, the slot alone without either.
+
+    >>> mig_label("MIG-5c2d", 1, 0)
+    'MIG-5c2d (GI 1, CI 0)'
+    """
+    ids = ", ".join(f"{what} {v}" for what, v in (("GI", gpu_instance), ("CI", compute_instance)) if v is not None)
+    if uuid is not None:
+        return f"{nvml_text(uuid)} ({ids})" if ids else nvml_text(uuid)
+    return ids or f"MIG device {slot}"
+
+
 def open_nvml(indices: Sequence[int] | None = None, nvml: Any = None, *, clock: Callable[[], float] = time.monotonic,
-              session: NvmlSession | None = None) -> tuple[NvmlReader | None, str | None]:
-    """``(reader, None)``, or ``(None, why)`` in one line when there is no NVML to read: nvidia-ml-py missing, no
-    driver (nvmlInit fails), no GPU, or a requested index NVML does not have. Never raises. ``session``: read
-    through an NVML session the caller holds (``gpuwise.nvml``) instead of starting one."""
+              session: NvmlSession | None = None, amdsmi: Any = None,
+              ) -> tuple[NvmlReader | AmdReader | None, str | None]:
+    """``(reader, None)``, or ``(None, why)`` in one line when there is no GPU to read; never raises.
+
+    NVML first: nvidia-ml-py missing, no driver (nvmlInit fails), no GPU, or a requested index NVML does not have
+    are its reasons. Where NVML finds no GPU at all (not for a missing index: then NVIDIA GPUs are here), AMD GPUs
+    through ``amdsmi`` (``monitor.amd.open_amd``): its reader has the same interface. ``amdsmi``: the module (a
+    test's fake); by default it is imported only when the caller passed neither ``nvml`` nor ``session``, so a
+    caller's own NVML stand-in is never mixed with a real AMD probe. ``session``: read through an NVML session the
+    caller holds (``gpuwise.nvml``) instead of starting one."""
+    reader, why, gpus_here = _open_nvidia(indices, nvml, clock, session)
+    if reader is not None:
+        return reader, None
+    if gpus_here or (amdsmi is None and (nvml is not None or session is not None)):
+        return None, why
+    from gpuwise.monitor.amd import open_amd
+
+    amd, amd_why = open_amd(indices, amdsmi, clock=clock)
+    if amd is not None:
+        return amd, None
+    return None, why if amd_why is None else f"{why}; {amd_why}"
+
+
+def _open_nvidia(indices: Sequence[int] | None, nvml: Any, clock: Callable[[], float], session: NvmlSession | None,
+                 ) -> tuple[NvmlReader | None, str | None, bool]:
+    """``(reader, why, NVIDIA GPUs are here)``."""
     if nvml is None and session is None:
         try:
             import pynvml as nvml
         except Exception as exc:
-            return None, f"nvidia-ml-py is not importable ({first_line(exc)}): pip install nvidia-ml-py"
+            return None, f"nvidia-ml-py is not importable ({first_line(exc)}): pip install nvidia-ml-py", False
     try:
         reader = NvmlReader(indices, nvml=nvml, clock=clock, session=session)
     except NoSuchGpu as exc:
-        return None, str(exc)
+        return None, str(exc), exc.gpus > 0
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return None, f"NVML could not start ({first_line(exc)}): no NVIDIA driver here"
+        return None, f"NVML could not start ({first_line(exc)}): no NVIDIA driver here", False
     if not reader.indices:
         reader.close()
         lost = "; ".join(f"GPU {i}: {why}" for i, why in reader.skipped.items())
-        return None, f"NVML sees no GPU it can open ({lost})" if lost else "NVML sees no GPU"
-    return reader, None
+        return None, f"NVML sees no GPU it can open ({lost})" if lost else "NVML sees no GPU", bool(lost)
+    return reader, None, True

@@ -13,8 +13,8 @@ How it judges (``judge``):
    = fraction of step time): input-bound, communication-bound, host-bound (GPU runs only), throttled. Risks
    (``share`` None): memory-full, fragmentation. Roofline sides: memory-bound, compute-bound.
 3. The primary bottleneck (``PRIMARY_RULE``): memory-full first when an OOM happened; then the loss class with the
-   largest share; then the risks (memory-full, memory-leak, fragmentation); then the roofline side. Every class that fired
-   is listed in ``findings``, the primary first. "healthy" only when nothing fired AND the loop's own step timings
+   largest share; then the risks (memory-full, memory-leak, fragmentation); then the roofline side. Every class that
+   fired is listed in ``findings``, the primary first. "healthy" only when nothing fired AND the loop's own step timings
    were judged (data wait, communication and the step itself need them); else "not-judged", with what was missing
    (``evidence["missing"]``) and how to supply it (``fix``): a device-only view that fired nothing cannot tell a
    healthy loop from one that waits on its data.

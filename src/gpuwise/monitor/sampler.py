@@ -144,7 +144,8 @@ class Monitor:
             self._reader, why = open_nvml(self._nvml_indices(), nvml=self._nvml_module)
             if self._reader is None and "has no GPU" in (why or ""):  # the mapping was wrong: every GPU then
                 self._reader, why = open_nvml(nvml=self._nvml_module)
-            self.note = None if self._reader is not None else f"no GPU counters ({why}): watching the CPU side"
+            self.note = (getattr(self._reader, "note", None) if self._reader is not None  # e.g. MIG: no utilisation
+                         else f"no GPU counters ({why}): watching the CPU side")
         else:
             self.note = "a CPU run"
         self.device_kind = "cuda" if self._reader is not None else self._torch_kind()

@@ -49,6 +49,9 @@ class DeviceSample:
     sm_occupancy_pct: float | None = None
     tensor_active_pct: float | None = None
     dram_active_pct: float | None = None
+    vendor: str | None = None  # "nvidia" (NVML) or "amd" (amdsmi); None in logs written before it was recorded
+    mig: str | None = None  # a MIG instance of GPU ``index``: "MIG-<uuid> (GI 1, CI 0)"; None for a whole GPU
+    note: str | None = None  # why an expected figure is missing ("utilisation not available under MIG")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -95,8 +95,8 @@ class Window:
     sample_warmup: str
     ooms: tuple[OomEvent, ...]
     context: Context
-    ranks: Mapping[int, tuple[StepEvent, ...]] = field(default_factory=lambda: MappingProxyType({}))  # every rank's judged steps, where the
-    # events carry ranks (torchrun); ``steps`` are the lowest rank's
+    # every rank's judged steps, where the events carry ranks (torchrun); ``steps`` are the lowest rank's
+    ranks: Mapping[int, tuple[StepEvent, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def seconds(self) -> float:
@@ -109,6 +109,16 @@ class Window:
     def timed(self) -> bool:
         """Enough step events to judge the loop's own timings (data wait, exposed communication)."""
         return len(self.steps) >= MIN_JUDGED_STEPS
+
+
+def device_total(view: Window) -> float | None:
+    """The memory the loop can fill: the plan's device, else the sampled total; under MIG the instance's (the one
+    holding the process's memory), never the whole GPU's."""
+    if view.context.memory_total_bytes:
+        return view.context.memory_total_bytes
+    mig = [d for d in view.devices if getattr(d, "mig", None) is not None]
+    sized = [d for d in mig if d.process_memory_bytes] or mig or list(view.devices)
+    return median([d.memory_total_bytes for d in sized if d.memory_total_bytes])
 
 
 def warmup_steps(n: int) -> int:
