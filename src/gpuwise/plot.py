@@ -223,10 +223,25 @@ def recommend_figure(rec: Recommendation) -> Figure:
     return fig
 
 
+STALL_MARK = 2.0  # a step this many times the median is drawn red in the step-time panel (a picture's cue only; the
+# stalls rule in monitor.step_rules decides what counts)
+
+
 def plot_watch(result, path: str | os.PathLike) -> None:
-    """The timeline of a ``gpuwise watch``: per GPU its duty cycle, memory and power over time (the CPU side, host
-    busy share and the command's CPU, where there are no GPU counters), and each step's data-wait share where the
-    command reported steps."""
+    """The timeline of a ``gpuwise watch`` (``watch_figure``), as a PNG or an SVG."""
+    save(watch_figure(result), path)
+
+
+def _memory_unit(peak: float) -> tuple[float, str]:
+    return (GiB, "GiB") if peak >= GiB else (2 ** 20, "MiB")
+
+
+def watch_figure(result) -> Figure:
+    """The figure ``plot_watch`` draws, one panel a row over the watch's seconds: per GPU its duty cycle, memory and
+    power (the CPU side, host busy share and the command's CPU, where there are no GPU counters); where the command
+    reported steps, each step's time with the median line (a stall stands out: red at ``STALL_MARK`` x the median)
+    and its data-wait share; and the command's own memory (resident set, its workers', torch's allocator) where it
+    was read, so a leak shows as a climbing line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -246,7 +261,9 @@ def plot_watch(result, path: str | os.PathLike) -> None:
             by_index.setdefault(d.index, []).append((s.t, d))
     panels: list[str] = ["util", "memory", "power"] if by_index else ["cpu"]
     if record.steps:
-        panels.append("wait")
+        panels += ["step", "wait"]
+    if any(s.allocator is not None or (s.host is not None and s.host.process_rss_bytes) for s in samples):
+        panels.append("rss")
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.2 * len(panels) + 0.8), dpi=120, sharex=True,
                              squeeze=False)
     cmap = plt.get_cmap("tab10")
@@ -300,6 +317,39 @@ def plot_watch(result, path: str | os.PathLike) -> None:
                         label="its child processes (% of one core)")
             ax.set_ylabel("CPU %")
             ax.set_ylim(bottom=0)
+        elif panel == "step":  # each step's time, per rank where there are ranks, against the median
+            timed = [s for s in record.steps if s.seconds > 0]
+            ranks = sorted({s.rank for s in timed}, key=lambda r: -1 if r is None else r)
+            for i, rank in enumerate(ranks):
+                mine = sorted((s for s in timed if s.rank == rank), key=lambda s: s.t)
+                ax.plot([s.t for s in mine], [s.seconds * 1e3 for s in mine], color=cmap(i % 10), linewidth=0.8,
+                        marker=".", markersize=3, label="step time" if rank is None else f"rank {rank}")
+            if timed:
+                mid = float(np.median([s.seconds for s in timed]))
+                ax.axhline(mid * 1e3, color="black", linewidth=0.8, linestyle="--",
+                           label=f"median {mid * 1e3:.3g} ms")
+                slow = [s for s in timed if s.seconds >= STALL_MARK * mid]
+                if slow:
+                    ax.scatter([s.t for s in slow], [s.seconds * 1e3 for s in slow], color="red", s=14, zorder=3,
+                               label=f"{len(slow)} step{'s' if len(slow) > 1 else ''} >= {STALL_MARK:g}x the median")
+            ax.set_ylabel("step ms")
+            ax.set_ylim(bottom=0)
+        elif panel == "rss":  # the command's own memory over time: a leak climbs
+            hosts = [(s.t, s.host) for s in samples if s.host is not None]
+            rss = [(t, h.process_rss_bytes) for t, h in hosts if h.process_rss_bytes]  # 0: the process had ended
+            workers = [(t, h.workers_rss_bytes) for t, h in hosts if h.workers_rss_bytes]
+            allocs = [(s.t, s.allocator) for s in samples if s.allocator is not None]
+            peak = max([v for _, v in rss + workers] + [a.reserved_bytes for _, a in allocs] + [1])
+            unit, name = _memory_unit(peak)
+            lines = [("the command's RSS", rss, "-"), ("its workers' RSS", workers, ":"),
+                     ("allocator: allocated", [(t, a.allocated_bytes) for t, a in allocs], "-"),
+                     ("allocator: reserved", [(t, a.reserved_bytes) for t, a in allocs], "--")]
+            for i, (label, points, style) in enumerate(lines):
+                if points:
+                    ax.plot([t for t, _ in points], [v / unit for _, v in points], color=cmap((4 + i) % 10),
+                            linewidth=1, linestyle=style, label=label)
+            ax.set_ylabel(f"process memory {name}")
+            ax.set_ylim(bottom=0)
         else:  # the loop's own steps: the share of each spent waiting for data
             steps = [s for s in record.steps if s.seconds > 0]
             ax.bar([s.t - s.seconds / 2 for s in steps], [100 * s.data_wait_s / s.seconds for s in steps],
@@ -316,4 +366,4 @@ def plot_watch(result, path: str | os.PathLike) -> None:
         title += " (no GPU counters: the CPU side)"
     axes[0, 0].set_title(title, fontsize=9)  # two lines: the command, then the verdict, within the figure
     fig.tight_layout()
-    save(fig, path)
+    return fig

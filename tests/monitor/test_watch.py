@@ -51,7 +51,7 @@ def test_a_command_that_exits_0_is_sampled_and_the_cpu_side_is_said_once(capfd):
     assert "child says hi" in out  # the command's own output, straight through
     assert "exit code" in out and "bottleneck" in out
     notes = [line for line in err.splitlines() if "watching the CPU side" in line]
-    assert len(notes) == 1 and notes[0].startswith("no NVIDIA GPU (")
+    assert len(notes) == 1 and notes[0].startswith("no NVIDIA or AMD GPU (")
 
 
 def test_library_result_records_samples_until_the_command_ends():
@@ -367,3 +367,243 @@ def test_the_panel_pins_itself_under_the_output_and_leaves_nothing_behind():
     assert tiny.height == 0  # too short a terminal: no panel
     tiny.update(tick())
     tiny.stop()
+
+
+# -- several ranks in one events file (torchrun) ------------------------------------------------------------------
+
+
+def rank_events(rank: int, started: float, n: int, step_s: float) -> list[tuple[float, str]]:
+    """A rank's step events as (watch time it was written, line); its Monitor started at watch time ``started``,
+    its own ``t`` counts from there."""
+    return [(started + (i + 1) * step_s, json.dumps({"kind": "step", "step": i + 1, "t": (i + 1) * step_s,
+                                                     "seconds": step_s, "rank": rank})) for i in range(n)]
+
+
+def feed(ev, lines: list[tuple[float, str]], path: Path, *, poll: float = watch_module.EVENT_POLL_S,
+         busy: tuple[float, float] | None = None) -> list:
+    """Append the lines in watch-time order and read the file every ``poll`` seconds, as the watch does: each read
+    takes every line written since the last one. ``busy``: (from, to) watch times the watcher does not read in (a
+    slow sensor): the lines written meanwhile are read late, at once."""
+    out, ordered = [], sorted(lines)
+    now = ordered[0][0] - poll / 2
+    while ordered:
+        now += poll
+        if busy is not None and busy[0] <= now < busy[1]:
+            continue
+        due = [line for t, line in ordered if t <= now]
+        ordered = [(t, line) for t, line in ordered if t > now]
+        if due:
+            with path.open("a") as f:
+                f.write("".join(line + "\n" for line in due))
+        out += ev.read(now=now)
+    return out
+
+
+def test_two_ranks_interleaved_in_one_events_file_each_keep_their_own_clock(tmp_path):
+    # rank 0's Monitor started at watch time 1.0 with 0.2 s steps, rank 1's at 1.5 (it started later) with 0.15 s
+    # steps: their lines interleave in the file, and rank 1's t restarts below rank 0's. From 2.4 s to 3.0 s the
+    # watcher is busy (a slow sensor read): the lines of that time are read 0.6 s late. Each rank's offset, kept
+    # from its earlier reads, still places them; one offset for both (reset at every interleaved line, each
+    # estimate then from a single late read) put them up to 0.6 s late.
+    path = tmp_path / "events.jsonl"
+    path.touch()
+    ev = watch_module._Events(path)
+    lines = rank_events(0, 1.0, 12, 0.2) + rank_events(1, 1.5, 12, 0.15)
+    truth = {(0, i + 1): 1.0 + (i + 1) * 0.2 for i in range(12)} | {(1, i + 1): 1.5 + (i + 1) * 0.15 for i in range(12)}
+    got = feed(ev, lines, path, busy=(2.4, 3.0))
+    assert len(got) == 24 and {s.rank for s in got} == {0, 1}
+    assert [s.rank for s in got] != sorted(s.rank for s in got)  # the ranks came interleaved
+    tol = watch_module.EVENT_POLL_S + 1e-9
+    for s in got:  # each on the watch's clock within a poll (one offset for both would put rank 1 0.5 s off)
+        assert truth[(s.rank, s.step)] <= s.t <= truth[(s.rank, s.step)] + tol
+    assert 1.0 <= ev.offsets[0] <= 1.0 + tol and 1.5 <= ev.offsets[1] <= 1.5 + tol
+    assert ev.offset == ev.offsets[0]  # the lowest rank's, for the record's "events_offset_s"
+    ev.close()
+
+
+def test_a_new_monitor_in_one_rank_resets_only_that_ranks_offset(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.touch()
+    ev = watch_module._Events(path)
+    tol = watch_module.EVENT_POLL_S + 1e-9
+    feed(ev, rank_events(0, 1.0, 5, 0.2) + rank_events(1, 1.5, 5, 0.2), path)
+    first = dict(ev.offsets)
+    assert 1.0 <= first[0] <= 1.0 + tol and 1.5 <= first[1] <= 1.5 + tol
+    # rank 0 starts a second Monitor at watch time 10.0 (its t starts over); rank 1 goes on with its clock
+    again = rank_events(0, 10.0, 3, 0.2)
+    more = [(1.5 + (i + 6) * 0.2 + 8.0, json.dumps({"kind": "step", "step": i + 6, "t": (i + 6) * 0.2 + 8.0,
+                                                    "seconds": 0.2, "rank": 1})) for i in range(2)]
+    got = feed(ev, again + more, path)
+    assert 10.0 <= ev.offsets[0] <= 10.0 + tol and ev.offsets[1] == pytest.approx(first[1], abs=1e-9)
+    for s, truth in zip([s for s in got if s.rank == 0], (10.2, 10.4, 10.6), strict=True):
+        assert truth <= s.t <= truth + tol
+    for s, truth in zip([s for s in got if s.rank == 1], (1.5 + 1.2 + 8.0, 1.5 + 1.4 + 8.0), strict=True):
+        assert truth <= s.t <= truth + tol
+    ev.close()
+
+
+def test_the_watched_tree_counts_processes_the_command_starts():
+    # two children started anew (as torchrun starts its ranks): in the tree, not counted as loader workers
+    code = ("import subprocess, sys, time\n"
+            "ps = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.2)']) for _ in range(2)]\n"
+            "[p.wait() for p in ps]\n")
+    r = watch(py(code), interval_s=0.1)
+    assert r.exit_code == 0
+    hosts = [s.host for s in r.record.samples if s.host is not None and s.host.tree_processes is not None]
+    assert max(h.tree_processes for h in hosts) >= 3  # the command and its two children
+    assert max(h.tree_threads for h in hosts) >= 3
+    assert max(h.workers or 0 for h in hosts) == 0
+
+
+RANKS_CHILD = """
+import os, sys, time
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from gpuwise.monitor.sampler import Monitor
+
+def run(rank, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    import torch
+    t = torch.ones(1)
+    time.sleep(0.3 * rank)  # rank 1's Monitor starts later: another clock
+    with Monitor(interval_s=0.1, gpus=False) as m:
+        for _ in range(8):
+            time.sleep(0.05 + 0.05 * rank)  # rank 1 the straggler
+            dist.all_reduce(t)
+            m.step(items=4)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(int(sys.argv[1]),), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_two_real_ranks_write_one_events_file_and_the_report_has_both(tmp_path):
+    import socket
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_CHILD)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = watch([PY, str(script), str(port)], interval_s=0.2)
+    assert r.exit_code == 0
+    by_rank = {k: [s for s in r.record.steps if s.rank == k] for k in (0, 1)}
+    assert [len(v) for v in by_rank.values()] == [8, 8]
+    for steps in by_rank.values():  # each rank on the watch's clock, in its order, within the watch
+        assert [s.t for s in steps] == sorted(s.t for s in steps) and all(0 < s.t <= r.seconds for s in steps)
+    # the collective ties the ranks: step k ends at about the same time on both (within the read delay and a step)
+    for a, b in zip(by_rank[0], by_rank[1], strict=True):
+        assert abs(a.t - b.t) < 0.2
+    ranks = {x.rank: x for x in r.report.ranks}
+    assert set(ranks) == {0, 1} and r.report.throughput.items == 64
+    assert max(h.host.tree_processes for h in r.record.samples if h.host and h.host.tree_processes) >= 3
+
+
+# -- the report in --json, the summary, the plot panels ---------------------------------------------------------------
+
+
+def test_json_has_the_report_with_judged_p95_wall_throughput_and_rss(capfd):
+    child = LOADER_CHILD.replace("m.step()", "m.step(items=8)")
+    code = main(["watch", "--json", "--interval", "0.05", "--", PY, "-c", child])
+    out = capfd.readouterr().out
+    assert code == 0
+    data = json.loads(out)
+    assert data["steps"]["count"] == 10 and data["diagnosis"]["bottleneck"] == "input-bound"  # old keys kept
+    rep = data["report"]
+    assert rep["judged"] is True and rep["bottleneck"] == "input-bound" and rep["missing"] == []
+    st, tp = rep["steps"], rep["throughput"]
+    assert st["count"] == 10 and st["median_s"] <= st["p95_s"] <= st["max_s"]
+    assert tp["items"] == 80 and tp["items_per_s"] == pytest.approx(80 / tp["wall_s"])
+    assert data["steps"]["items_per_s"] == tp["items_per_s"] and data["steps"]["step_p95_s"] == st["p95_s"]
+    assert rep["memory"]["process_rss_bytes"] > 10 * 2 ** 20
+    assert rep["memory"]["process_rss_peak_bytes"] >= rep["memory"]["process_rss_bytes"]
+
+
+def test_json_of_a_loop_without_a_monitor_says_not_judged_and_what_is_missing(capfd):
+    assert main(["watch", "--json", "--interval", "0.05", "--", PY, "-c", "import time; time.sleep(0.3)"]) == 0
+    rep = json.loads(capfd.readouterr().out)["report"]
+    assert rep["judged"] is False and rep["bottleneck"] == "not-judged" and "step timings" in rep["missing"]
+
+
+def synthetic_result(*, gpus: bool = False, allocator: bool = False):
+    from gpuwise.monitor.report import build_report
+    from gpuwise.monitor.rules import judge
+    from gpuwise.monitor.samples import AllocatorSample, Record
+    from gpuwise.monitor.watch import WatchResult
+
+    steps, t = [], 0.0
+    for i in range(40):  # 50 ms steps, every 10th a 400 ms stall
+        s = 0.4 if (i + 1) % 10 == 0 else 0.05
+        t += s
+        steps.append(StepEvent(step=i + 1, t=t, seconds=s, data_wait_s=0.01, items=32))
+    samples = tuple(Sample(
+        t=0.25 * i, host=HostSample(cpu_pct=(50.0, 50.0), process_cpu_pct=100.0,
+                                    process_rss_bytes=(200 + 8 * i) * 2 ** 20),
+        devices=(DeviceSample(index=0, util_pct=60.0, memory_used_bytes=GiB, memory_total_bytes=80 * GiB,
+                              power_w=300.0),) if gpus else (),
+        allocator=AllocatorSample(allocated_bytes=(1 + i) * 2 ** 26, reserved_bytes=(2 + i) * 2 ** 26) if allocator
+        else None) for i in range(int(t / 0.25) + 1))
+    record = Record(samples=samples, steps=tuple(steps), device_kind="cuda" if gpus else "cpu")
+    diagnosis = judge(record)
+    return WatchResult(command=("python", "train.py"), pid=1, exit_code=0, seconds=t, record=record,
+                       diagnosis=diagnosis, report=build_report(record, diagnosis))
+
+
+def test_the_summary_shows_p95_wall_samples_per_second_and_rss():
+    from gpuwise.render.watch import render_watch
+
+    r = synthetic_result()
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    render_watch(r, console)
+    text = console.file.getvalue()
+    wall = 36 * 0.05 + 4 * 0.4  # 3.4 s
+    assert "50 ms median (p95 400 ms, max 400 ms)" in text
+    assert f"{1280 / wall:,.3g} samples/s over wall clock" in text  # 376/s, not 32 / 50 ms = 640/s
+    last = (200 + 8 * (len(r.record.samples) - 1)) * 2 ** 20
+    from gpuwise.units import human_bytes
+
+    assert f"RSS {human_bytes(last)} at the end, peak {human_bytes(last)}" in text
+
+
+def test_plot_has_step_time_and_memory_panels(tmp_path):
+    from gpuwise.plot import STALL_MARK, plot_watch, watch_figure
+
+    fig = watch_figure(synthetic_result())
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels == ["CPU %", "step ms", "data wait %", "process memory MiB"]
+    step_ax, mem_ax = fig.axes[1], fig.axes[3]
+    legend = [t.get_text() for t in step_ax.get_legend().get_texts()]
+    assert legend[0] == "step time" and legend[1] == "median 50 ms"
+    assert legend[2] == f"4 steps >= {STALL_MARK:g}x the median"  # the four 400 ms stalls, marked
+    (rss,) = mem_ax.get_lines()
+    assert rss.get_label() == "the command's RSS" and rss.get_ydata()[-1] > rss.get_ydata()[0]  # the climb shows
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    gpu = watch_figure(synthetic_result(gpus=True, allocator=True))
+    labels = [ax.get_ylabel() for ax in gpu.axes]
+    assert labels == ["utilisation %", "memory GiB", "power W", "step ms", "data wait %", "process memory MiB"]
+    assert [line.get_label() for line in gpu.axes[-1].get_lines()] == [
+        "the command's RSS", "allocator: allocated", "allocator: reserved"]
+    plt.close(gpu)
+    path = tmp_path / "panels.png"
+    plot_watch(synthetic_result(), path)
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_a_healthy_loop_marks_no_stall():
+    from gpuwise.monitor.rules import judge
+    from gpuwise.monitor.samples import Record
+    from gpuwise.monitor.watch import WatchResult
+    from gpuwise.plot import watch_figure
+
+    steps = tuple(StepEvent(step=i + 1, t=0.1 * (i + 1), seconds=0.1 * (1.5 if i == 7 else 1.0)) for i in range(30))
+    record = Record(steps=steps, samples=(Sample(t=0.0), Sample(t=3.0)))
+    r = WatchResult(command=None, pid=1, exit_code=None, seconds=3.0, record=record, diagnosis=judge(record))
+    fig = watch_figure(r)
+    step_ax = next(ax for ax in fig.axes if ax.get_ylabel() == "step ms")
+    assert [t.get_text() for t in step_ax.get_legend().get_texts()] == ["step time", "median 100 ms"]
+    assert not [ax for ax in fig.axes if ax.get_ylabel().startswith("process memory")]  # no RSS read: no panel

@@ -23,18 +23,22 @@ def watch(
     interval: Annotated[float, typer.Option("--interval", min=0.01, help="Seconds between samples.")] = 1.0,
     log: Annotated[str | None, typer.Option(help="Append every sample and step event to this JSON-lines file as "
                                                  "they come.")] = None,
-    plot: Annotated[str | None, typer.Option(help="Draw the timeline (utilisation, memory, power, data wait per "
-                                                  "step) to this PNG file.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw the timeline (utilisation, memory, power; each step's time "
+                                                  "and data wait; the command's RSS and allocator) to this PNG "
+                                                  "file.")] = None,
     live: Annotated[bool, typer.Option("--live/--no-live", help="The status pinned under the command's output on "
                                                                 "a terminal (--no-live for full-screen programs).")
                     ] = True,
+    prometheus: Annotated[str | None, typer.Option(
+        "--prometheus", metavar="HOST:PORT", help="Serve gpuwise_* metrics for Prometheus at http://HOST:PORT/metrics "
+        "while the command runs (PORT alone: 127.0.0.1, this machine only; port 0: a free one).")] = None,
     json_out: JsonFlag = False,
 ) -> int:
     """Run a command (your own python train.py) and watch the GPUs and the host from outside: a live status, the
     bottleneck and its fix at the end. The command's exit code is passed through.
 
     Examples: gpuwise watch -- python train.py; gpuwise watch --log run.jsonl --plot run.png -- python train.py;
-    gpuwise watch --pid 12345
+    gpuwise watch --pid 12345; gpuwise watch --prometheus 9400 -- python train.py
     """
     check_plot(plot)
     if plot is not None:  # checked before the command runs: its exit code must not be lost to a plot
@@ -60,6 +64,10 @@ def watch(
     def started(start) -> None:
         if start.note and not json_out:
             err.print(start.note, markup=False, soft_wrap=True)  # once, one line
+        if start.metrics_url:  # on stderr, with --json too: port 0 is only known here
+            err.print(f"metrics for Prometheus at {start.metrics_url}", markup=False, soft_wrap=True)
+            if start.metrics_note:
+                err.print(f"note: {start.metrics_note}", markup=False, soft_wrap=True)
         if panel is not None:
             panel.start(start)
 
@@ -67,7 +75,8 @@ def watch(
         # With --json our stdout is the JSON: the command's own stdout goes to stderr, so the JSON parses.
         result = run_watch(command or None, pid=pid, interval_s=interval, log=log, on_start=started,
                            on_sample=None if panel is None else panel.update,
-                           stdout=2 if json_out else None)  # fd 2: what our stderr is
+                           stdout=2 if json_out else None,  # fd 2: what our stderr is
+                           prometheus=prometheus)
     finally:
         if panel is not None:
             panel.stop()

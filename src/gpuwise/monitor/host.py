@@ -60,23 +60,25 @@ class HostReader:
     def read(self) -> HostSample:
         per_core = tuple(float(x) for x in psutil.cpu_percent(percpu=True))
         vm = psutil.virtual_memory()
-        process_cpu = workers = workers_cpu = rss = workers_rss = threads = tree = tree_threads = None
+        process_cpu = workers = workers_cpu = rss = workers_rss = threads = tree = tree_threads = tree_rss = None
         if self.process is not None:
             with contextlib.suppress(psutil.Error):
                 process_cpu = float(self.process.cpu_percent())
             with contextlib.suppress(psutil.Error):
-                rss = int(self.process.memory_info().rss)
+                rss = int(self.process.memory_info().rss) or None  # 0: a zombie the parent has not reaped
             with contextlib.suppress(psutil.Error):
                 threads = int(self.process.num_threads())
             with contextlib.suppress(psutil.Error):
                 children = self.process.children(recursive=True)  # once a sample: pids() reuses it
                 known, self._children = self._children, {}
-                total, n, w_rss, t_all = 0.0, 0, 0, threads or 0
+                total, n, w_rss, t_all, r_all = 0.0, 0, 0, threads or 0, rss or 0
                 for child in children:
                     proc = known.get(child.pid, child)
                     self._children[child.pid] = proc
                     with contextlib.suppress(psutil.Error):
                         t_all += proc.num_threads()
+                    with contextlib.suppress(psutil.Error):
+                        r_all += proc.memory_info().rss
                     if not self._worker(proc):
                         continue
                     n += 1
@@ -86,7 +88,7 @@ class HostReader:
                         w_rss += proc.memory_info().rss
                 workers, workers_cpu = n, total
                 workers_rss = w_rss if n else None
-                tree, tree_threads = 1 + len(children), t_all
+                tree, tree_threads, tree_rss = 1 + len(children), t_all, r_all or None
         iowait = None
         with contextlib.suppress(Exception):
             now = psutil.cpu_times()
@@ -101,4 +103,4 @@ class HostReader:
                           memory_total_bytes=int(vm.total), process_cpu_pct=process_cpu, workers=workers,
                           workers_cpu_pct=workers_cpu, iowait_pct=iowait, process_rss_bytes=rss,
                           workers_rss_bytes=workers_rss, process_threads=threads, tree_processes=tree,
-                          tree_threads=tree_threads, load_1m=load)
+                          tree_threads=tree_threads, tree_rss_bytes=tree_rss, load_1m=load)

@@ -77,11 +77,12 @@ class Monitor:
     ``device``: the torch device the loop runs on ("cuda:0", "cpu"; default: cuda if available) for the allocator.
     ``log``: a JSON-lines file every sample and event is appended to as it comes. ``nvml``: a module with
     pynvml's interface (tests pass a fake). ``pid``: the process whose children are its loader workers (this one).
+    ``prometheus``: "HOST:PORT" (or ":PORT", loopback) serves the ``gpuwise_*`` metrics while it runs (``metrics_url``).
     """
 
     def __init__(self, *, interval_s: float = 1.0, device: Any = None, log: str | os.PathLike | None = None,
                  nvml: Any = None, pid: int | None = None, context: Context | None = None,
-                 gpus: bool = True) -> None:
+                 gpus: bool = True, prometheus: str | None = None) -> None:
         if not interval_s > 0:
             from gpuwise.errors import GpuwiseError
 
@@ -112,6 +113,7 @@ class Monitor:
         self.note: str | None = None
         self.device_kind = "cpu"
         self._comm: Any = None  # times a DDP model's all-reduce (``ddp``)
+        self._prometheus, self._exporter = prometheus, None
         self._rank: int | None = None
 
     # -- life --------------------------------------------------------------------------------------------------
@@ -122,6 +124,10 @@ class Monitor:
         from gpuwise.files import open_log
 
         self._stop.clear()  # a monitor can be started again after stop()
+        if self._prometheus is not None and self._exporter is None:  # first: a busy port is an error before the run
+            from gpuwise.monitor.export import start_exporter
+
+            self._exporter = start_exporter(self._prometheus, self._snapshot)
         self.device = self._resolve_device(self.device)
         self._start_device = None
         import torch
@@ -165,6 +171,10 @@ class Monitor:
                 with contextlib.suppress(OSError):
                     f.close()
         self._log = self._events = None
+        if self._exporter is not None:
+            with contextlib.suppress(Exception):
+                self._exporter.close()
+            self._exporter = None
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 self._reader.close()
@@ -389,6 +399,18 @@ class Monitor:
         if ctx.loader is None and base.loader is not None:
             ctx = replace(ctx, loader=base.loader)
         return judge(self.record(last_steps=last_steps), ctx)
+
+    def _snapshot(self):
+        """The report for a Prometheus scrape (None while nothing is recorded; a failure is an empty scrape)."""
+        try:
+            return self.report()
+        except Exception:
+            return None
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where ``prometheus=`` serves the ``gpuwise_*`` metrics while the monitor runs."""
+        return None if self._exporter is None else self._exporter.url
 
     def report(self, context: Context | None = None):
         """What ``gpuwise watch --json`` prints, for this loop: the diagnosis (judged or not, and why), the step

@@ -83,6 +83,7 @@ class HostSample:
     process_threads: int | None = None  # OS threads of the main process (torch's intra-op pool among them)
     tree_processes: int | None = None  # the process and every descendant (torchrun's ranks, workers, compilers)
     tree_threads: int | None = None  # their threads together: against the cores, the oversubscription
+    tree_rss_bytes: int | None = None  # the resident memory of the process and every descendant (torchrun's ranks)
     load_1m: float | None = None  # the run queue, 1-minute load average (os.getloadavg), whole machine
 
 

@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from gpuwise.environment import usable_cores
 from gpuwise.errors import GpuwiseError
 from gpuwise.monitor.child import Signals, Waiter, attach, exit_status, kill, resolve_command, spawn
 from gpuwise.monitor.host import HostReader
+from gpuwise.monitor.report import Report, build_report
 from gpuwise.monitor.rules import judge
 from gpuwise.monitor.sampler import EVENTS_ENV
 from gpuwise.monitor.samples import OomEvent, Record, Sample, StepEvent, from_line, to_line
@@ -54,6 +56,8 @@ class WatchStart:
     command: tuple[str, ...] | None
     gpus: int  # GPUs NVML reads (0: the CPU side only)
     note: str | None  # why there are no GPU counters, in one line
+    metrics_url: str | None = None  # --prometheus: the endpoint (its port resolved where 0 was asked for)
+    metrics_note: str | None = None  # said when the endpoint is reachable from other machines
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +87,8 @@ class WatchResult:
     devices_used: tuple[int, ...] = ()  # NVML indices where the command held memory; () when NVML could not say
     log: str | None = None
     log_error: str | None = None  # the log stopped early (a full disk): the run went on
+    report: Report | None = field(default=None, repr=False)  # monitor.report: what --json prints as "report"
+    metrics_url: str | None = None  # --prometheus: where the metrics were served while the command ran
 
     @property
     def failed(self) -> bool:
@@ -98,18 +104,31 @@ class _Events:
     The Monitor's ``t`` counts from its own start, which the watcher cannot see; the offset to the watch's clock is
     estimated as the smallest (read time - event t) seen so far: events are read within ``EVENT_POLL_S`` of being
     written, so the estimate is that close. An event earlier than the previous one means a new Monitor (a second
-    run in the same command): the estimate starts over."""
+    run in the same command): the estimate starts over.
+
+    Under torchrun every rank's Monitor appends to the one file, each event with its rank, each rank's ``t`` on its
+    own clock (its Monitor started when that rank did): the offset, and the rule above, are kept per rank
+    (``StepEvent.rank``; None for one process). One estimate for all would put a rank that started later early, and
+    its events, interleaved with another's, would each look like a new Monitor."""
 
     def __init__(self, path: Path, *, from_end: bool = False) -> None:
         self.path = path
         self._f: IO[str] | None = None
         self._pos = 0
         self._partial = ""
-        self.offset: float | None = None
-        self._last_child_t: float | None = None
+        self.offsets: dict[int | None, float] = {}  # rank -> offset of its clock to the watch's
+        self._last_child_t: dict[int | None, float] = {}
         if from_end:
             with contextlib.suppress(OSError):
                 self._pos = path.stat().st_size
+
+    @property
+    def offset(self) -> float | None:
+        """One process's offset, else the lowest rank's (None before any event)."""
+        if None in self.offsets:
+            return self.offsets[None]
+        ranks = [k for k in self.offsets if k is not None]
+        return self.offsets[min(ranks)] if ranks else None
 
     def read(self, now: float) -> list[StepEvent | OomEvent]:
         try:
@@ -131,12 +150,14 @@ class _Events:
                 continue
             if not isinstance(item, (StepEvent, OomEvent)):
                 continue
-            if self._last_child_t is not None and item.t < self._last_child_t:
-                self.offset = None  # a new Monitor, with its own clock
-            self._last_child_t = item.t
+            rank = getattr(item, "rank", None)  # an OOM event carries none: its process's clock is the None one
+            last = self._last_child_t.get(rank)
+            if last is not None and item.t < last:
+                self.offsets.pop(rank, None)  # a new Monitor in that rank, with its own clock
+            self._last_child_t[rank] = item.t
             guess = now - item.t
-            self.offset = guess if self.offset is None else min(self.offset, guess)
-            out.append(dataclasses.replace(item, t=item.t + self.offset))
+            offset = self.offsets[rank] = min(self.offsets.get(rank, guess), guess)
+            out.append(dataclasses.replace(item, t=item.t + offset))
         return out
 
     def close(self) -> None:
@@ -174,6 +195,40 @@ class _Log:
             self._f = None
 
 
+class _Live:
+    """The report of the watch so far, for a scrape (``--prometheus``): built from the samples and steps recorded
+    until then, at most once per new sample or step (a scrape between two samples reuses it), on the scraper's
+    thread. Before the watch begins: None (the exporter serves no figures)."""
+
+    def __init__(self) -> None:
+        self._record: Callable[[], Record] | None = None
+        self._context: Context | None = None
+        self._key: tuple[int, int] | None = None
+        self._report: Report | None = None
+        self.final: Report | None = None
+        self._lock = threading.Lock()
+
+    def bind(self, record: Callable[[], Record], context: Context) -> None:
+        self._record, self._context = record, context
+
+    def report(self) -> Report | None:
+        if self.final is not None:
+            return self.final
+        if self._record is None or self._context is None:
+            return None
+        with self._lock:
+            record = self._record()  # tuples of the lists as they are: appends on the watch's thread are atomic
+            if not record.samples and not record.steps:
+                return None
+            key = (len(record.samples), len(record.steps))
+            if key != self._key:
+                used = devices_used(record)
+                judged = record if not used else _only_devices(record, used)
+                self._report = build_report(record, judge(judged, self._context), used=used)
+                self._key = key
+            return self._report
+
+
 # -- the watch ---------------------------------------------------------------------------------------------------
 
 
@@ -181,14 +236,16 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
           log: str | os.PathLike | None = None, nvml: Any = None, reader: Any = None,
           on_start: Callable[[WatchStart], None] | None = None, on_sample: Callable[[Tick], None] | None = None,
           stdin: Any = None, stdout: Any = None, stderr: Any = None, env: dict[str, str] | None = None,
-          cwd: str | os.PathLike | None = None) -> WatchResult:
+          cwd: str | os.PathLike | None = None, prometheus: str | None = None) -> WatchResult:
     """Run ``command`` (or attach to ``pid``) and sample it every ``interval_s`` until it ends; diagnose what was seen.
 
     ``log``: a JSON-lines file every sample and event is appended to as it comes (checked before the command starts).
     ``nvml``: a module with pynvml's names (tests pass a fake); ``reader``: an object with ``read(pids)`` and
     ``close()`` used instead of NVML. ``on_start`` / ``on_sample``: called once the command runs / after each sample
     (the live view). ``stdin``/``stdout``/``stderr``: as ``subprocess.Popen`` takes them (None: the command shares
-    this process's terminal). ``env``: the command's environment (this one's by default)."""
+    this process's terminal). ``env``: the command's environment (this one's by default). ``prometheus``:
+    ``HOST:PORT`` (or ``PORT``: loopback) to serve ``gpuwise_*`` metrics on while the command runs
+    (``monitor.export``), bound before the command starts: a port in use is an error and nothing runs."""
     if pid is not None and command:
         raise GpuwiseError("give a command or --pid, not both", "gpuwise watch -- CMD ..., or gpuwise watch --pid N")
     if not interval_s > 0:
@@ -198,14 +255,21 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
     out = _Log(log)  # before anything runs: an unwritable log loses nothing
     events_path: Path | None = None
     own_events = False
+    live = _Live()
+    exporter = None
     try:
+        if prometheus is not None:
+            from gpuwise.monitor.export import start_exporter
+
+            exporter = start_exporter(prometheus, live.report)  # before anything runs: a busy port loses nothing
         if reader is None:
             from gpuwise.monitor.nvml import open_nvml
 
             reader, why = open_nvml(nvml=nvml)
-            # "no NVIDIA GPU" unless the GPU may be there and only the binding is missing
-            what = "no GPU counters" if why and why.startswith("nvidia-ml-py") else "no NVIDIA GPU"
-            note = None if reader is not None else f"{what} ({why}): watching the CPU side"
+            # "no NVIDIA or AMD GPU" unless the GPU may be there and only the binding is missing
+            what = "no GPU counters" if why and why.startswith("nvidia-ml-py") else "no NVIDIA or AMD GPU"
+            note = (getattr(reader, "note", None) if reader is not None  # e.g. MIG: utilisation not available
+                    else f"{what} ({why}): watching the CPU side")
         else:
             note = None
         gpus = len(getattr(reader, "indices", ())) if reader is not None else 0
@@ -229,8 +293,10 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
                     events_path = Path(named)
         return _run(argv, child, target, watched_pid, t0, interval_s=interval_s, reader=reader, note=note,
                     gpus=gpus, out=out, events_path=events_path, own_events=own_events, on_start=on_start,
-                    on_sample=on_sample)
+                    on_sample=on_sample, live=live, exporter=exporter)
     finally:
+        if exporter is not None:
+            exporter.close()
         out.close()
         if reader is not None:
             with contextlib.suppress(Exception):
@@ -243,13 +309,16 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
 def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.Process | None, watched_pid: int,
          t0: float, *, interval_s: float, reader: Any, note: str | None, gpus: int, out: _Log,
          events_path: Path | None, own_events: bool, on_start: Callable[[WatchStart], None] | None,
-         on_sample: Callable[[Tick], None] | None) -> WatchResult:
+         on_sample: Callable[[Tick], None] | None, live: _Live, exporter: Any = None) -> WatchResult:
     host = HostReader(watched_pid)
     events = None if events_path is None else _Events(events_path, from_end=not own_events)
     samples: list[Sample] = []
     steps: list[StepEvent] = []
     ooms: list[OomEvent] = []
     cores = _cores(target)
+    device_kind = "cuda" if reader is not None else "cpu"
+    live.bind(lambda: Record(samples=tuple(samples), steps=tuple(steps), ooms=tuple(ooms), interval_s=interval_s,
+                             device_kind=device_kind), Context(device=device_kind, usable_cores=cores))
 
     def take() -> Sample:
         t = time.perf_counter() - t0
@@ -283,7 +352,9 @@ def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.
 
     if on_start is not None:
         try:
-            on_start(WatchStart(pid=watched_pid, command=None if argv is None else tuple(argv), gpus=gpus, note=note))
+            on_start(WatchStart(pid=watched_pid, command=None if argv is None else tuple(argv), gpus=gpus, note=note,
+                                metrics_url=None if exporter is None else exporter.url,
+                                metrics_note=None if exporter is None else exporter.note))
         except BaseException:
             if child is not None:  # nothing left to watch it: do not leave it running alone
                 kill(child)
@@ -315,18 +386,23 @@ def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.
         take()  # at the end, at once: the last moments count, and no interval is slept after the command ended
         drain()
     record = Record(samples=tuple(samples), steps=tuple(steps), ooms=tuple(ooms), interval_s=interval_s,
-                    device_kind="cuda" if reader is not None else "cpu", note=note,
+                    device_kind=device_kind, note=note,
                     extra={"command": argv, "pid": watched_pid, "exit_code": code,
-                           "events_offset_s": None if events is None else events.offset})
+                           "events_offset_s": None if events is None else events.offset,
+                           "events_offsets_s": {} if events is None else {
+                               str(k): v for k, v in events.offsets.items() if k is not None}})
     if events is not None:
         events.close()
     used = devices_used(record)
     judged = record if not used else _only_devices(record, used)
     # the note was said once when the watch began; the diagnosis keeps to what it found
     diagnosis = judge(dataclasses.replace(judged, note=None), Context(device=record.device_kind, usable_cores=cores))
+    report = build_report(record, diagnosis, used=used)
+    live.final = report  # a scrape from here until the exporter closes reads the final report
     return WatchResult(command=None if argv is None else tuple(argv), pid=watched_pid, exit_code=code,
                        seconds=seconds, record=record, diagnosis=diagnosis, note=note,
-                       interrupted=signals.count > 0, devices_used=used, log=out.path, log_error=out.error)
+                       interrupted=signals.count > 0, devices_used=used, log=out.path, log_error=out.error,
+                       report=report, metrics_url=None if exporter is None else exporter.url)
 
 
 def _cores(target: psutil.Process | None) -> int:
@@ -412,10 +488,15 @@ def host_summary(record: Record) -> dict[str, Any]:
 
 
 def step_summary(record: Record) -> dict[str, Any]:
-    """The loop's own step events, where the command ran a gpuwise.Monitor: count, median step, data-wait share."""
-    steps = [s for s in record.steps if s.seconds > 0]
-    return {"count": len(record.steps), "step_median_s": _median([s.seconds for s in steps]),
-            "data_wait_share_median": _median([s.data_wait_s / s.seconds for s in steps]), "ooms": len(record.ooms)}
+    """The loop's own step events, where the command ran a gpuwise.Monitor: count, the step time's median, p95 and
+    max, the data-wait share, and throughput over wall clock (``monitor.report``: the lowest rank's steps under
+    torchrun)."""
+    from gpuwise.monitor.report import step_stats, throughput
+
+    st, tp = step_stats(record), throughput(record)
+    return {"count": st.count, "step_median_s": st.median_s, "step_p95_s": st.p95_s, "step_max_s": st.max_s,
+            "data_wait_share_median": st.data_wait_share_median, "ooms": st.ooms, "wall_s": tp.wall_s,
+            "steps_per_s": tp.steps_per_s, "items_per_s": tp.items_per_s}
 
 
 __all__ = ["Tick", "WatchResult", "WatchStart", "device_summary", "devices_used", "host_summary", "step_summary",

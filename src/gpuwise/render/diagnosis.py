@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from gpuwise.monitor.verdict import Diagnosis, Verdict
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """Dicts, lists and plain scalars as json.dumps takes them: a non-finite float as None, anything else as str."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if x is None or isinstance(x, (bool, int, float, str)):
@@ -27,13 +28,13 @@ def _jsonable(x: Any) -> Any:
 
 def _verdict_json(f: Verdict) -> dict[str, Any]:
     return {"bottleneck": f.bottleneck, "share": rounded(f.share), "summary": f.summary, "evidence": f.evidence,
-            "fix": list(f.fix), "expected": f.expected, "source": f.source, "change": _jsonable(f.change)}
+            "fix": list(f.fix), "expected": f.expected, "source": f.source, "change": jsonable(f.change)}
 
 
 def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
     """A plain dict json.dumps takes: bottleneck, summary, evidence, fix, expected, findings, observed_vs_planned,
     note, steps."""
-    return _jsonable({"bottleneck": d.bottleneck, "summary": d.summary, "evidence": d.evidence, "fix": list(d.fix),
+    return jsonable({"bottleneck": d.bottleneck, "summary": d.summary, "evidence": d.evidence, "fix": list(d.fix),
                       "expected": d.expected, "findings": [_verdict_json(f) for f in d.findings],
                       "observed_vs_planned": d.observed_vs_planned, "note": d.note, "steps": d.steps})
 
@@ -60,4 +61,4 @@ def render_lines(d: Diagnosis) -> list[str]:
     return lines
 
 
-__all__ = ["diagnosis_json", "render_lines"]
+__all__ = ["diagnosis_json", "jsonable", "render_lines"]

@@ -226,12 +226,48 @@ def _host_text(h: dict[str, Any]) -> str:
     return " · ".join(parts) or "-"
 
 
+def _rss_text(m: dict[str, Any]) -> str | None:
+    """The command's own memory: its resident set now and at peak, and torch's allocator where sampled."""
+    parts = []
+    if m.get("process_rss_bytes") is not None:
+        parts.append(f"RSS {human_bytes(m['process_rss_bytes'])} at the end, peak "
+                     f"{human_bytes(m['process_rss_peak_bytes'])}")
+    if m.get("allocator_allocated_bytes") is not None:
+        parts.append(f"allocator {human_bytes(m['allocator_allocated_bytes'])} allocated, "
+                     f"{human_bytes(m['allocator_reserved_bytes'])} reserved")
+    return " · ".join(parts) or None
+
+
+def _ranks_text(ranks: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """One row per rank: its steps, median step, and the communication it waited for."""
+    rows = []
+    for r in ranks:
+        text = f"{r['steps']} steps"
+        if r["step_median_s"] is not None:
+            text += f", {_ms(r['step_median_s'])} median"
+        if r["exposed_comm_median_s"] is not None:
+            text += f", waits {_ms(r['exposed_comm_median_s'])} on communication, own work " \
+                    f"{_ms(r['own_work_median_s'])}"
+        rows.append((f"rank {r['rank']}", text))
+    return rows
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
+
+
 def _steps_text(s: dict[str, Any]) -> str:
     if not s["count"]:
         return "none seen (a loop timed with gpuwise.Monitor reports its steps and data wait to watch)"
     text = f"{s['count']}"
     if s["step_median_s"] is not None:
-        text += f", {s['step_median_s'] * 1e3:.0f} ms median"
+        text += f", {_ms(s['step_median_s'])} median"
+        if s.get("step_p95_s") is not None and s.get("step_max_s") is not None:
+            text += f" (p95 {_ms(s['step_p95_s'])}, max {_ms(s['step_max_s'])})"
+    if s.get("items_per_s") is not None:
+        text += f", {s['items_per_s']:,.3g} samples/s over wall clock"
+    elif s.get("steps_per_s") is not None:
+        text += f", {s['steps_per_s']:,.3g} steps/s over wall clock"
     if s["data_wait_share_median"] is not None:
         text += f", data wait {100 * s['data_wait_share_median']:.0f}% of a step"
     if s["ooms"]:
@@ -254,7 +290,14 @@ def render_watch(r: WatchResult, console: Console) -> None:
             who += " (not the command's)"
         rows.append((f"GPU {row['index']}", (who + ": " if who else "") + _device_text(row)))
     rows.append(("host", _host_text(host_summary(r.record))))
+    report = _report(r)
+    memory = _rss_text(report["memory"])
+    if memory:
+        rows.append(("memory", memory))
     rows.append(("steps", _steps_text(step_summary(r.record))))
+    ranks = report["ranks"]
+    if len(ranks) > 1:
+        rows.extend(_ranks_text(ranks))
     if r.log:
         rows.append(("log", r.log + (f" ({r.log_error})" if r.log_error else "")))
     for line in render_lines(r.diagnosis):
@@ -265,9 +308,19 @@ def render_watch(r: WatchResult, console: Console) -> None:
     console.print(table)
 
 
+def _report(r: WatchResult) -> dict[str, Any]:
+    """The result's report as JSON (built here for a result made without one)."""
+    if r.report is not None:
+        return r.report.to_dict()
+    from gpuwise.monitor.report import build_report
+
+    return build_report(r.record, r.diagnosis, used=r.devices_used).to_dict()
+
+
 def watch_json(r: WatchResult) -> dict[str, Any]:
-    """command, pid, exit_code, seconds, samples, the per-device, host and step summaries, the note, and the
-    diagnosis in the monitor's JSON form."""
+    """command, pid, exit_code, seconds, samples, the per-device, host and step summaries, the note, the
+    diagnosis in the monitor's JSON form, and ``report``: what ``Monitor.report()`` returns (``monitor.report``:
+    judged or not, step median/p95/max, wall-clock samples/s, process RSS, per rank)."""
     from gpuwise.monitor.watch import device_summary, host_summary, step_summary
     from gpuwise.render.diagnosis import diagnosis_json
 
@@ -276,7 +329,8 @@ def watch_json(r: WatchResult) -> dict[str, Any]:
             "interval_s": r.record.interval_s, "device": r.record.device_kind,
             "devices_used": list(r.devices_used), "devices": device_summary(r.record, r.devices_used),
             "host": host_summary(r.record), "steps": step_summary(r.record), "note": r.note, "log": r.log,
-            "log_error": r.log_error, "diagnosis": diagnosis_json(r.diagnosis)}
+            "log_error": r.log_error, "metrics_url": r.metrics_url, "diagnosis": diagnosis_json(r.diagnosis),
+            "report": _report(r)}
 
 
 __all__ = ["WatchPanel", "render_watch", "status_lines", "watch_json"]
