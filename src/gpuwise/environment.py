@@ -116,15 +116,18 @@ MAX_WORKERS_CPU = 4  # a CPU run computes on the cores too: a quarter of them lo
 IO_WORKERS_PER_CORE = 4
 
 
-def workers_cap(usable_cores: int, processes: int = 1, *, waits_on_io: bool = False) -> int:
+def workers_cap(usable_cores: int, processes: int = 1, *, waits_on_io: bool = False,
+                free_cores: int | None = None) -> int:
     """The most DataLoader workers each of ``processes`` training processes should start: its share of the usable
     cores, less one core kept for the training loop itself; loading that waits on IO rather than burning CPU may take
-    IO_WORKERS_PER_CORE a core.
+    IO_WORKERS_PER_CORE a core. ``free_cores``: the cores other work leaves free where measured (the monitor); loading
+    that burns CPU gets its share of those, never more than the usable cores.
 
-    >>> workers_cap(16, 4)
-    3
+    >>> workers_cap(16, 4), workers_cap(16, 1, free_cores=6), workers_cap(2, 1, free_cores=0)
+    (3, 5, 0)
     """
-    cap = max(0, usable_cores // max(1, processes) - 1)
+    cores = usable_cores if free_cores is None else max(0, min(usable_cores, free_cores))
+    cap = max(0, cores // max(1, processes) - 1)
     return max(cap, IO_WORKERS_PER_CORE * usable_cores // max(1, processes)) if waits_on_io else cap
 
 

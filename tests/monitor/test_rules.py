@@ -116,10 +116,14 @@ def test_host_bound_busy_low_sm_use():
     assert "busy, low SM use" in d.summary
 
 
-def test_host_bound_needs_a_gpu():
-    # a CPU loop has no duty cycle to be low: never host-bound
-    d = judge(Record(steps=steps(30, wait=0.02)), Context(device="cpu"))
+def test_host_bound_on_a_cpu_needs_host_samples_and_threads():
+    # a CPU loop has no duty cycle: host-bound there is judged from the process's cores (tests/monitor/
+    # test_host_rules.py); without host samples it says it did not judge, and the run stays healthy
+    d = judge(Record(steps=steps(30, wait=0.02)), Context(device="cpu", threads=2))
     assert d.bottleneck == "healthy"
+    assert d.evidence["cpu_host"].startswith("not judged: no host samples")
+    d = judge(Record(steps=steps(30, wait=0.02)), Context(device="cpu"))
+    assert "thread count is not known" in d.evidence["cpu_host"]
 
 
 def test_throttled_power_cap():
@@ -357,6 +361,135 @@ def test_input_bound_at_the_cap_asks_for_a_faster_dataset():
     assert d.bottleneck == "input-bound"
     assert "num_workers_new" not in d.evidence
     assert any(f.startswith("a faster dataset") for f in d.fix)
+
+
+# -- input-bound: the loading's cause against the cores actually free, and the workers' cap -------------------------
+
+
+def host_steps(n: int, *, seconds: float, wait: float, cpu_in_wait: float | None, host: HostSample,
+               dt: float = 0.5) -> Record:
+    """n steps with the data wait and the process's CPU time during it, and a host sample every dt seconds."""
+    events = steps(n, seconds=seconds, wait=wait, data_wait_cpu_s=cpu_in_wait)
+    return Record(steps=events, samples=tuple(Sample(t=(i + 1) * dt, host=host)
+                                              for i in range(int(n * seconds / dt) + 1)))
+
+
+BUSY_2 = (100.0, 100.0)  # both cores of a 2-core host busy
+
+
+def test_cpu_bound_loader_starved_on_a_busy_host_is_not_io_and_gets_no_workers():
+    """Issue 29: a CPU-bound loader (0 workers) on a 2-core host saturated by other work got 40% of a core and was
+    called "waits on I/O", with 3 workers proposed on 2 cores. By hand: busy 2.0 cores, this process 0.4, other work
+    1.6, free 2 - 1.6 = 0.4; the loading used 0.4 of the 0.4 it could have had (100% >= 50%): CPU-starved; whole free
+    cores floor(0.4 + 0.2) = 0 -> workers_cap 0: no worker, free the cores instead."""
+    host = HostSample(cpu_pct=BUSY_2, process_cpu_pct=40.0, workers=0, workers_cpu_pct=0.0)
+    rec = host_steps(30, seconds=0.1, wait=0.07, cpu_in_wait=0.028, host=host)
+    d = judge(rec, Context(device="cpu", usable_cores=2, loader=Loader(num_workers=0)))
+    ev = d.evidence
+    assert d.bottleneck == "input-bound"
+    assert ev["busy_cores"] == 2.0 and ev["busy_cores_other_work"] == pytest.approx(1.6)
+    assert ev["free_cores"] == pytest.approx(0.4) and ev["loading_cpu_offered"] == pytest.approx(0.4)
+    assert ev["loading_cpu_share"] == pytest.approx(0.4) and ev["loading_cpu_of_offered"] == pytest.approx(1.0)
+    assert ev["loading_cause"] == "cpu-starved" and not ev["loading_waits_on_io"]
+    assert ev["workers_cap"] == 0 and "num_workers_new" not in ev
+    assert d.fix[0].startswith("free the cores: other work keeps 1.6 of the 2 cores busy")
+    assert not any("num_workers=" in f for f in d.fix)
+
+
+def test_cpu_bound_loader_on_an_idle_host_keeps_a_core_for_training():
+    # the same loader alone: busy 1.0 (0.95 ours), other 0.05, free 1.95 -> offered a whole core, used 0.95: CPU;
+    # whole free cores floor(1.95 + 0.2) = 2 -> cap 2 - 1 = 1 (3 needed: ceil(70/30)); step max(30, 70/1) = 70 ms
+    host = HostSample(cpu_pct=(95.0, 5.0), process_cpu_pct=95.0, workers=0, workers_cpu_pct=0.0)
+    d = judge(host_steps(30, seconds=0.1, wait=0.07, cpu_in_wait=0.0665, host=host),
+              Context(device="cpu", usable_cores=2, loader=Loader(num_workers=0)))
+    ev = d.evidence
+    assert ev["loading_cause"] == "cpu" and ev["loading_cpu_offered"] == 1.0
+    assert ev["workers_cap"] == 1 and ev["num_workers_new"] == 1 and ev["step_s_new"] == pytest.approx(0.07)
+    assert "num_workers=1" in d.fix[0] and any("cannot keep up (3 needed)" in f for f in d.fix)
+
+
+def test_io_bound_loader_may_exceed_the_cores():
+    # a loader that sleeps on a host with 0.5 core of other work: busy 0.55, ours 0.05, other 0.5, free 1.5 ->
+    # offered a whole core, used 0.01 (1% < 50%): I/O; I/O loading may take 4 workers a core (workers_cap(2,
+    # waits_on_io=True) = 8): the 3 needed (ceil(70/30)) are proposed on 2 cores
+    host = HostSample(cpu_pct=(50.0, 5.0), process_cpu_pct=5.0, workers=0, workers_cpu_pct=0.0)
+    d = judge(host_steps(30, seconds=0.1, wait=0.07, cpu_in_wait=0.0007, host=host),
+              Context(device="cpu", usable_cores=2, loader=Loader(num_workers=0)))
+    ev = d.evidence
+    assert ev["loading_cause"] == "io" and ev["loading_waits_on_io"]
+    assert ev["loading_cpu_offered"] == 1.0 and ev["loading_cpu_of_offered"] == pytest.approx(0.01)
+    assert ev["workers_cap"] == 8 and ev["num_workers_new"] == 3
+
+
+def test_waiting_loader_on_a_saturated_host_is_unclear_and_capped_by_the_free_cores():
+    # the same loader with both cores busy: off the CPU with 0.05 core offered (other 1.95): waiting on I/O and
+    # waiting for a core look alike in CPU time (benchmarks/host_rules_check.py: a trivial generator on the saturated
+    # host measured 0.00 of 0.17 core); the safe side: floor(0.05 + 0.2) = 0 free cores -> no worker
+    host = HostSample(cpu_pct=BUSY_2, process_cpu_pct=5.0, workers=0, workers_cpu_pct=0.0)
+    d = judge(host_steps(30, seconds=0.1, wait=0.07, cpu_in_wait=0.0007, host=host),
+              Context(device="cpu", usable_cores=2, loader=Loader(num_workers=0)))
+    ev = d.evidence
+    assert ev["loading_cause"] == "unclear" and not ev["loading_waits_on_io"]
+    assert ev["loading_cpu_offered"] == pytest.approx(0.05) and ev["workers_cap"] == 0
+    assert any(f.startswith("if each batch waits on a disk or network read") and "up to 8" in f for f in d.fix)
+
+
+def test_cpu_bound_workers_capped_by_the_free_cores_of_a_16_core_host():
+    """Issue 29's 16-core case got 10 workers for CPU-bound work. 2 workers at 0.95 core each, main 0.2; 8 cores at
+    100% and 8 at 1.25%: busy 8.1, this run 2.1, other 6.0, free 10. Each worker offered min(1, (10 - 0.2) / 2) = 1,
+    used 0.95: CPU. load = 2 x (120 + 30) = 300 ms -> 10 workers to cover 30 ms of compute; cap floor(10.2) - 1 = 9."""
+    host = HostSample(cpu_pct=(100.0,) * 8 + (1.25,) * 8, process_cpu_pct=20.0, workers=2, workers_cpu_pct=190.0)
+    d = judge(host_steps(30, seconds=0.15, wait=0.12, cpu_in_wait=None, host=host),
+              Context(device="cuda", usable_cores=16, loader=Loader(num_workers=2)))
+    ev = d.evidence
+    assert ev["loading_cause"] == "cpu" and ev["free_cores"] == pytest.approx(10.0)
+    assert ev["workers_to_cover_load"] == 10 and ev["workers_cap"] == 9 and ev["num_workers_new"] == 9
+    assert ev["num_workers_new"] <= ev["free_cores"] - 1
+    # without host samples the same record is capped by the usable cores alone (16 - 1 = 15 >= 10 needed)
+    bare = judge(Record(steps=steps(30, seconds=0.15, wait=0.12)),
+                 Context(device="cuda", usable_cores=16, loader=Loader(num_workers=2)))
+    assert bare.evidence["loading_cause"] == "unknown" and bare.evidence["num_workers_new"] == 10
+
+
+def test_starved_workers_on_a_busy_host_are_cpu_bound():
+    # 1 worker at 0.3 core, main 0.2, both cores busy: other 1.5, free 0.5, offered (0.5 - 0.2) / 1 = 0.3 -> used all
+    # of it: CPU-starved (the old rule: 0.3 < 0.5 of a core, "waits on I/O", 8 workers allowed)
+    host = HostSample(cpu_pct=BUSY_2, process_cpu_pct=20.0, workers=1, workers_cpu_pct=30.0)
+    d = judge(host_steps(30, seconds=0.1, wait=0.06, cpu_in_wait=None, host=host),
+              Context(device="cpu", usable_cores=2, loader=Loader(num_workers=1)))
+    ev = d.evidence
+    assert ev["loading_cause"] == "cpu-starved" and ev["loading_cpu_offered"] == pytest.approx(0.3)
+    assert ev["workers_cap"] == 0 and "num_workers_new" not in ev
+
+
+def test_watch_starved_workers_on_a_busy_host_are_input_bound_within_the_cores():
+    # no step timings: 2 workers at 35% each, main 20%, both cores busy: other 2 - 0.9 = 1.1, offered each
+    # (0.9 - 0.2) / 2 = 0.35 -> 100% of what they could have (>= 90%): input-bound; whole free floor(0.9 + 0.2) = 1
+    # -> cap 0: no more workers on this host
+    host = HostSample(cpu_pct=BUSY_2, process_cpu_pct=20.0, workers=2, workers_cpu_pct=70.0)
+    rec = Record(samples=tuple(Sample(t=float(i), host=host) for i in range(30)))
+    d = judge(rec, Context(device="cpu", usable_cores=2))
+    assert d.bottleneck == "input-bound"
+    assert d.evidence["loading_cause"] == "cpu-starved" and d.evidence["workers_cpu_of_offered_median_pct"] == 100.0
+    assert not any("num_workers=" in f for f in d.fix)
+    assert "2 workers already use the 2 usable cores, 0.9 free of other work" in d.fix[0]
+
+
+def test_watch_idle_workers_on_an_idle_host_are_not_input_bound():
+    # the same workers with nothing else running: offered min(1, (2 - 0.2) / 2) = 0.9 each, used 0.35 (39% < 90%)
+    host = HostSample(cpu_pct=(45.0, 45.0), process_cpu_pct=20.0, workers=2, workers_cpu_pct=70.0)
+    rec = Record(samples=tuple(Sample(t=float(i), host=host) for i in range(30)))
+    d = judge(rec, Context(device="cpu", usable_cores=2))
+    assert d.bottleneck == "not-judged" and d.evidence["workers_cpu_of_offered_median_pct"] == pytest.approx(38.9)
+
+
+def test_watch_busy_workers_double_within_the_free_cores():
+    # 4 workers at 95% each and main 20% on 16 cores, 10 of them busy: busy 10.0, this run 4.0, other work 6.0,
+    # free 16 - 6 = 10 -> cap floor(10.2) - 1 = 9; doubling the 4 workers gives 8 <= 9
+    host = HostSample(cpu_pct=(100.0,) * 10 + (0.0,) * 6, process_cpu_pct=20.0, workers=4, workers_cpu_pct=380.0)
+    d = judge(Record(samples=samples(60, util_pct=20.0, host=host), device_kind="cuda"), CUDA)
+    assert d.bottleneck == "input-bound" and d.evidence["free_cores"] == pytest.approx(10.0)
+    assert "num_workers=8" in d.fix[0] and "up to 9 workers" in d.fix[0]
 
 
 # -- primary ordering ----------------------------------------------------------------------------------------------

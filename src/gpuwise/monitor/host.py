@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import psutil
 
@@ -26,6 +27,7 @@ class HostReader:
         self._children: dict[int, psutil.Process] = {}
         self._is_worker: dict[int, bool] = {}  # pid -> forked from its parent (a DataLoader worker), cached
         self._last_times: psutil._common.scputimes | None = None  # type: ignore[name-defined]
+        self._runq: tuple[float, int] | None = None  # (when, run-queue wait ns of the tree's threads so far)
         psutil.cpu_percent(percpu=True)  # prime: the next call measures from here
         with contextlib.suppress(psutil.Error, AttributeError):
             if self.process is not None:
@@ -56,6 +58,33 @@ class HostReader:
                 hit = False
             self._is_worker[child.pid] = hit
         return hit
+
+    def _runq_threads(self) -> float | None:
+        """How many of the run's threads waited for a core, on average, since the last read: the run-queue time
+        the kernel keeps per thread (schedstat's second field, ns), summed over the process tree. Linux only."""
+        if not os.path.isdir("/proc/self/task"):
+            return None
+        total, seen = 0, False
+        for pid in self.pids():
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        total += int(f.read().split()[1])
+                        seen = True
+                except (OSError, ValueError, IndexError):
+                    continue
+        if not seen:
+            return None
+        now, last = time.monotonic(), self._runq
+        self._runq = (now, total)
+        if last is None or now <= last[0]:
+            return None
+        # threads that ended since the last read take their wait with them: never below zero
+        return max(0.0, (total - last[1]) / 1e9 / (now - last[0]))
 
     def read(self) -> HostSample:
         per_core = tuple(float(x) for x in psutil.cpu_percent(percpu=True))
@@ -96,6 +125,7 @@ class HostReader:
                 busy = sum(now) - sum(self._last_times)
                 iowait = 100.0 * (now.iowait - self._last_times.iowait) / busy if busy > 0 else 0.0
             self._last_times = now
+        runq = self._runq_threads()
         load = None
         with contextlib.suppress(OSError, AttributeError):
             load = float(os.getloadavg()[0])
@@ -103,4 +133,5 @@ class HostReader:
                           memory_total_bytes=int(vm.total), process_cpu_pct=process_cpu, workers=workers,
                           workers_cpu_pct=workers_cpu, iowait_pct=iowait, process_rss_bytes=rss,
                           workers_rss_bytes=workers_rss, process_threads=threads, tree_processes=tree,
-                          tree_threads=tree_threads, tree_rss_bytes=tree_rss, load_1m=load)
+                          tree_threads=tree_threads, tree_rss_bytes=tree_rss, load_1m=load,
+                          runq_threads=runq)

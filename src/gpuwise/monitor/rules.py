@@ -10,8 +10,9 @@ How it judges (``judge``):
 2. Each rule of ``RULES`` in turn, each a small ``(Window, earlier) -> (Verdict | None, checked) | None``; a rule
    sees what the rules before it said (host-bound says nothing when the data wait or communication explains the
    idle GPU; the roofline side only when no loss class fired). Loss classes (time a fix would win back, ``share``
-   = fraction of step time): input-bound, communication-bound, host-bound (GPU runs only), throttled. Risks
-   (``share`` None): memory-full, fragmentation. Roofline sides: memory-bound, compute-bound.
+   = fraction of step time): input-bound, communication-bound, straggler, oversubscribed, stalls, host-bound (a low
+   GPU duty cycle, or a CPU run on one core with idle threads and free cores), throttled. Risks
+   (``share`` None): memory-full, memory-leak, fragmentation. Roofline sides: memory-bound, compute-bound.
 3. The primary bottleneck (``PRIMARY_RULE``): memory-full first when an OOM happened; then the loss class with the
    largest share; then the risks (memory-full, memory-leak, fragmentation); then the roofline side. Every class that
    fired is listed in ``findings``, the primary first. "healthy" only when nothing fired AND the loop's own step timings
@@ -45,8 +46,8 @@ RULES: dict[str, Rule] = {
     "input-bound": input_bound,  # with step timings
     "communication-bound": communication_bound,  # with step timings
     "straggler": straggler,  # with every rank's step timings
-    "stalls": stalls,  # with step timings: outliers and periodic stalls
-    "oversubscribed": oversubscribed,  # threads x processes against the cores
+    "oversubscribed": oversubscribed,  # threads x processes against the cores, and the run's own run-queue wait
+    "stalls": stalls,  # with step timings: outliers and periodic stalls (irregular ones left to oversubscribed)
     "watch-host": watch_host,  # without step timings: CPU and I/O from the host samples
     "host-bound": host_bound,
     "throttled": throttled,

@@ -85,6 +85,8 @@ class HostSample:
     tree_threads: int | None = None  # their threads together: against the cores, the oversubscription
     tree_rss_bytes: int | None = None  # the resident memory of the process and every descendant (torchrun's ranks)
     load_1m: float | None = None  # the run queue, 1-minute load average (os.getloadavg), whole machine
+    runq_threads: float | None = None  # the run's own threads (process and descendants) runnable but waiting for a
+    # core, on average over the interval (Linux /proc/PID/task/TID/schedstat); ~0 when it has the cores it wants
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,6 +33,16 @@ INPUT_WAIT_SHARE = 0.30
 # network, a sleep: the process's CPU time during the wait, or each worker's CPU, under IO_CPU_SHARE of the wall
 # time) gains from more workers than cores (environment.IO_WORKERS_PER_CORE a usable core).
 IO_CPU_SHARE = 0.5
+# ... judged against the CPU the loading could have had, not against a whole core: the host's cores less those busy
+# with other work (HostSample.cpu_pct summed, less this process and its workers), shared among the loaders (issue 29:
+# a CPU-bound loader given 40 % of a core on a 2-core host saturated by other work was called "waits on I/O"). A
+# loader offered less than LOADER_STARVED_CORE of a core that used what it was offered is CPU-starved: more workers
+# only split the same few free cycles.
+LOADER_STARVED_CORE = 0.8
+# psutil's per-core and per-process percentages are read a few ms apart, each over ~1 s: a core counts as free when
+# 0.8 of it is (the workers' cap floors the free cores after adding this slack).
+FREE_CORE_SLACK = 0.2
+LOADER_MIN_CORE = 0.05  # a loader offered under 5 % of a core: counted as 5 % (the ratio's guard, not a finding)
 
 # Communication-bound: the TB plugin's "communication > 10 % of the step" rule, kept: we count only the exposed part
 # (what backward did not hide), which is pure loss, so the published value needs no margin.
@@ -45,6 +55,31 @@ HOST_UTIL_PCT = 50.0
 # Host-bound, "busy, low SM use": KempnerPulse class 10, GR >= 40 % and SM < 25 % ("overhead, sync, or small kernels").
 HOST_BUSY_UTIL_PCT = 40.0
 HOST_SM_ACTIVE_PCT = 25.0
+# Host-bound on a CPU run: the process holds about one core (>= CPU_HOST_BUSY_PCT and < CPU_HOST_ONE_CORE_PCT of a
+# core) while torch has >= 2 intra-op threads and >= 2 cores free of other work, and the step is short. torch
+# parallelises an op only past at::internal::GRAIN_SIZE (32768 elements), so a tiny model's ops run on the caller's
+# thread and Python/dispatch (~10 us an op) is the step. Measured here (benchmarks/host_rules_check.py, 2 threads on 2
+# cores): a 64-wide 3-layer MLP at batch 32 steps in 0.5-2.3 ms on 0.56-1.0 cores; at batch 2048 in 1.5-2.0 ms on
+# 1.9-2.0 cores (~100x the samples/s). 20 ms is ~1000-2000 ops of dispatch: a small model's whole step.
+CPU_HOST_BUSY_PCT = 70.0
+CPU_HOST_ONE_CORE_PCT = 130.0
+CPU_HOST_STEP_S = 0.020
+# Oversubscribed: runnable threads past the cores. The cores are saturated (all cores together >= OVERSUB_BUSY_PCT
+# busy: a run queue of threads in uninterruptible I/O sleep is not CPU contention) AND, with >= 2 compute threads
+# (torch intra-op threads x processes), one of: threads x processes > usable cores; the 1-minute load >=
+# OVERSUB_LOAD_RATIO x cores (a run at threads == cores alone holds load ~= cores: the caller is one of the pool's
+# threads); or (a CPU run) the process gets < OVERSUB_GOT_RATIO of the cores its threads would run on (its threads
+# are runnable and wait for cores). Issue 29: torch's default 2 threads on a 2-core box saturated by other work,
+# 793 ms -> 31 ms a step with OMP_NUM_THREADS=1 (OpenMP's barriers wait on the preempted thread).
+OVERSUB_BUSY_PCT = 90.0
+OVERSUB_LOAD_RATIO = 1.25
+OVERSUB_GOT_RATIO = 0.75
+OVERSUB_HOST_CPU_PCT = 50.0  # the run's process at >= half a core: its host side works (else its threads idle)
+# ... and only where the run's own threads wait for a core: the kernel's per-thread run-queue time (schedstat)
+# summed over the process tree, on average at least half a thread waiting. A loop that sleeps or waits on I/O on a
+# loaded box has ~0 and is not slowed by the load (measured: a sleeping loop 0.0 while the 2-core box ran at load 4.8;
+# a 2-thread matmul loop there 1.4-3.2, its step 120 ms against 21 ms with one thread).
+OVERSUB_RUNQ_THREADS = 0.5
 # Per-kernel CPU cost in eager PyTorch: HTA's launch statistics put the CPU launch at 5-20 us (train-monitor-anchors
 # §3); 10 us is the middle, used only as evidence (kernels_per_step x this vs the step time).
 LAUNCH_COST_S = 10e-6
@@ -90,6 +125,6 @@ GPM_TENSOR_HEAVY_PCT = 50.0
 GPM_TENSOR_SM_PCT = 60.0
 
 PRIMARY_RULE = ("memory-full first when an OOM happened; then the loss class (input-bound, communication-bound, "
-                "host-bound, throttled) with the largest share of step time; then the risks (memory-full near the "
-                "limit, then fragmentation); then the roofline side (memory-bound or compute-bound), which only "
-                "fires when no loss class did")
+                "straggler, oversubscribed, stalls, host-bound, throttled) with the largest share of step time; then "
+                "the risks (memory-full near the limit, then memory-leak, then fragmentation); then the roofline side "
+                "(memory-bound or compute-bound), which only fires when no loss class did")

@@ -283,17 +283,20 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
             t0 = time.perf_counter()
             child = spawn(argv, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd)
             watched_pid = child.pid
+            threads = _threads(child_env)
         else:
             child = None
             watched_pid = target.pid
             t0 = time.perf_counter()
+            threads = None
             with contextlib.suppress(psutil.Error, AttributeError):
+                threads = _threads(target.environ())
                 named = target.environ().get(EVENTS_ENV)
                 if named:
                     events_path = Path(named)
         return _run(argv, child, target, watched_pid, t0, interval_s=interval_s, reader=reader, note=note,
                     gpus=gpus, out=out, events_path=events_path, own_events=own_events, on_start=on_start,
-                    on_sample=on_sample, live=live, exporter=exporter)
+                    on_sample=on_sample, live=live, exporter=exporter, threads=threads)
     finally:
         if exporter is not None:
             exporter.close()
@@ -309,7 +312,8 @@ def watch(command: Sequence[str] | None = None, *, pid: int | None = None, inter
 def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.Process | None, watched_pid: int,
          t0: float, *, interval_s: float, reader: Any, note: str | None, gpus: int, out: _Log,
          events_path: Path | None, own_events: bool, on_start: Callable[[WatchStart], None] | None,
-         on_sample: Callable[[Tick], None] | None, live: _Live, exporter: Any = None) -> WatchResult:
+         on_sample: Callable[[Tick], None] | None, live: _Live, exporter: Any = None,
+         threads: int | None = None) -> WatchResult:
     host = HostReader(watched_pid)
     events = None if events_path is None else _Events(events_path, from_end=not own_events)
     samples: list[Sample] = []
@@ -396,13 +400,21 @@ def _run(argv: list[str] | None, child: subprocess.Popen | None, target: psutil.
     used = devices_used(record)
     judged = record if not used else _only_devices(record, used)
     # the note was said once when the watch began; the diagnosis keeps to what it found
-    diagnosis = judge(dataclasses.replace(judged, note=None), Context(device=record.device_kind, usable_cores=cores))
+    diagnosis = judge(dataclasses.replace(judged, note=None), Context(device=record.device_kind, usable_cores=cores,
+                                                                      threads=threads))
     report = build_report(record, diagnosis, used=used)
     live.final = report  # a scrape from here until the exporter closes reads the final report
     return WatchResult(command=None if argv is None else tuple(argv), pid=watched_pid, exit_code=code,
                        seconds=seconds, record=record, diagnosis=diagnosis, note=note,
                        interrupted=signals.count > 0, devices_used=used, log=out.path, log_error=out.error,
                        report=report, metrics_url=None if exporter is None else exporter.url)
+
+
+def _threads(environ: dict[str, str]) -> int | None:
+    """torch's intra-op threads in the watched command where its environment says (OMP_NUM_THREADS); None when it
+    does not: torch's own default depends on the machine the command asked, and is not guessed."""
+    value = environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def _cores(target: psutil.Process | None) -> int:

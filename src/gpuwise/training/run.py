@@ -44,7 +44,8 @@ class TrainSummary:
     grad_accum: int
     batch: int
     unit: str  # what throughput counts: tokens or samples
-    throughput: float | None  # median over the logged steps after the first
+    throughput: float | None  # over the wall clock: the items of the steps after the first logged one, over the
+    # time they took with everything between them (logging, evaluation, checkpoint saves); meter.wall_throughput
     mfu: float | None
     peak_memory_bytes: int | None
     compiled: bool
@@ -178,6 +179,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
 
     from gpuwise.optim import param_groups
     from gpuwise.precision import PRECISIONS
+    from gpuwise.training.meter import wall_throughput
     from gpuwise.training.runplan import plan_run
     from gpuwise.training.trainer import Runtime, Trainer
 
@@ -232,7 +234,8 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
             monitor.stop()
     diagnosis = step_s = data_wait = None
     if monitor is not None and ranks.main:
-        diagnosis = monitor.diagnose(_context(task, target, config, world, plan, trainer.micro_batch))
+        diagnosis = monitor.diagnose(_context(task, target, config, world, plan, trainer.micro_batch,
+                                              grad_accum=result.grad_accum))
         timed = monitor.record().steps[1:] or monitor.record().steps  # the first step warms up
         step_s = _median([e.seconds for e in timed])
         data_wait = _median([e.data_wait_s / e.seconds for e in timed if e.seconds > 0])
@@ -245,7 +248,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
         sharding=config.sharding if world > 1 else None, precision=config.precision,
         params=sum(p.numel() for p in model.parameters()), micro_batch=result.micro_batch,
         grad_accum=result.grad_accum, batch=config.batch, unit=task.unit,
-        throughput=_median([log.tokens_per_s for log in later]),
+        throughput=wall_throughput(result.logs) or _median([log.tokens_per_s for log in later]),
         mfu=_median([log.mfu for log in later if log.mfu is not None]),
         peak_memory_bytes=max(peaks) if peaks else None, compiled=config.compile,
         optimizer=f"AdamW ({'fused' if fused else 'foreach'})", auto=plan.auto, events=result.events,
@@ -304,11 +307,15 @@ def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STE
                     speedup=summary.step_s / after.step_s if summary.step_s and after.step_s else None)
 
 
-def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int) -> Context:
-    """What the diagnosis knows of this run: the machine, how its data loads, and (on a catalog GPU) the run's
-    plan: the roofline, the predicted step time and peak memory, the kernels a step launches, the remedies. After
-    an OOM retry (``micro`` is not the plan's) they are the step's at the micro-batch it fell back to."""
+def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int, *,
+             grad_accum: int | None = None) -> Context:
+    """What the diagnosis knows of this run: the machine, how its data loads, the micro-batches a step already
+    accumulates (``grad_accum``: a fix never proposes them again), and (on a catalog GPU) the run's plan: the
+    roofline, the predicted step time and peak memory, the kernels a step launches, the remedies. After an OOM
+    retry (``micro`` is not the plan's) they are the step's at the micro-batch it fell back to."""
     from dataclasses import replace as _replace
+
+    import torch
 
     from gpuwise.environment import usable_cores
     from gpuwise.monitor.verdict import Context, Loader
@@ -317,7 +324,8 @@ def _context(task, target: Target, config, world: int, plan: RunPlan, micro: int
     loader = getattr(task.data, "loader_settings", None)
     loader = loader(pin=target.backend == "cuda") if loader is not None else Loader(num_workers=0)
     ctx = Context(device=target.backend, usable_cores=usable_cores(), world_size=world, loader=loader,
-                  memory_total_bytes=target.memory_total_bytes)
+                  memory_total_bytes=target.memory_total_bytes, grad_accum=grad_accum,
+                  threads=torch.get_num_threads())
     row = target.row
     if not target.gpu or row is None or plan.gpu is None:  # off the catalog, or the model was not captured
         return ctx

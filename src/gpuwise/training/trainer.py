@@ -62,6 +62,8 @@ class StepLog:
     skipped: bool  # fp16: the scaler found inf/NaN gradients and skipped the update
     eval_loss: float | None = None
     bottleneck: str | None = None  # the monitor's diagnosis of the recent steps (None without a monitor)
+    elapsed_s: float | None = None  # wall seconds since the run's first step began (logging, eval, saves counted)
+    items_done: int | None = None  # tokens (samples) every process consumed meanwhile: meter.wall_throughput
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +153,8 @@ class Trainer:
                 self._note(note)
         self.monitor = runtime.monitor
         self.meter = Meter(runtime.device, config.precision, monitor=self.monitor, model=self.model,
-                           flops_per_step=None if self.plan is None else self.plan.flops_per_step)
+                           flops_per_step=None if self.plan is None else self.plan.flops_per_step,
+                           processes=self.ranks.world_size)
 
     def _autocast(self) -> AbstractContextManager:
         if self.autocast_dtype is None:
@@ -219,7 +222,8 @@ class Trainer:
             lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
             self.step += 1
-            meter.end()
+            tokens = y.numel() if isinstance(y, torch.Tensor) and y.dim() > 1 else batch_rows(x)  # this process's
+            meter.end(items=tokens, micro_batches=max(1, batch_rows(x) // self.micro_batch))
             if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
                 self._save()  # before evaluating: a failing evaluation loses nothing
                 self.saved = self.step
@@ -228,7 +232,6 @@ class Trainer:
             step_eval = self._evaluate() if evaluate else None
             eval_loss = step_eval if step_eval is not None else eval_loss
             if self.step % cfg.log_every == 0 or self.step == cfg.steps or step_eval is not None:
-                tokens = y.numel() if isinstance(y, torch.Tensor) and y.dim() > 1 else batch_rows(x)
                 logs.append(StepLog(step=self.step, loss=float(loss), lr=lr, grad_norm=grad_norm, skipped=skipped,
                                     eval_loss=step_eval, **meter.figures(tokens * world)))
                 if self.runtime.on_log and self.ranks.main:
