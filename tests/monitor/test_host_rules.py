@@ -70,6 +70,17 @@ def test_issue_case_default_threads_on_a_saturated_two_core_box():
     assert finding(d, "host-bound") is None  # the busy host explains the one core: not Python overhead
 
 
+@pytest.mark.parametrize("runq, fires", [(1.4, True), (0.0, False)])
+def test_the_runs_own_run_queue_wait_decides_on_a_loaded_box(runq, fires):
+    """The same saturated box and load: where the kernel says the run's threads waited for a core (schedstat, ~1.4
+    threads measured for a 2-thread matmul loop on this loaded 2-core box) it is oversubscribed; a loop whose threads
+    never wait (it sleeps, or waits on a GPU or a disk) is not slowed by someone else's load."""
+    host = HostSample(cpu_pct=(100.0, 100.0), process_cpu_pct=100.0, load_1m=4.0, process_threads=3,
+                      tree_threads=3, tree_processes=1, workers=0, workers_cpu_pct=0.0, runq_threads=runq)
+    d = judge(run(host), Context(device="cpu", usable_cores=2, threads=2))
+    assert (finding(d, "oversubscribed") is not None) is fires
+
+
 def test_without_the_run_queue_the_process_starved_of_its_cores_fires():
     # no load_1m (another OS): the process gets 1.0 core < 0.75 x min(2 threads, 2 cores) = 1.5 on saturated cores
     host = HostSample(cpu_pct=(100.0, 100.0), process_cpu_pct=100.0)
