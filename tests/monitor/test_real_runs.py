@@ -96,5 +96,8 @@ def test_two_gloo_processes_whose_all_reduce_dwarfs_their_work_are_communication
                            "--no-auto", "--json"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     d = json.loads(done.stdout)["diagnosis"]
-    assert d["bottleneck"] == "communication-bound", d
-    assert any("accumulation" in f or "bucket" in f for f in d["fix"])
+    found = [f["bottleneck"] for f in d["findings"]]
+    # a loaded CI box can make two ranks' threads wait for its two cores too: then that comes first, this second
+    assert d["bottleneck"] == "communication-bound" or found[:2] == ["oversubscribed", "communication-bound"], d
+    comm = next(f for f in d["findings"] if f["bottleneck"] == "communication-bound")
+    assert any("accumulation" in f or "bucket" in f for f in comm["fix"])
