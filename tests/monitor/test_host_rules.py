@@ -193,3 +193,28 @@ def test_one_thread_or_no_free_core_is_not_host_bound():
     host = HostSample(cpu_pct=(100.0, 90.0), process_cpu_pct=100.0)
     d = judge(run(host, seconds=0.002, n=3000), Context(device="cpu", usable_cores=4, threads=4))
     assert finding(d, "host-bound") is None
+
+
+def test_a_run_already_at_one_thread_a_process_is_told_to_move_the_other_work_not_to_cut_threads():
+    """watch_truth f: two gloo ranks at OMP_NUM_THREADS=1 on a box other work keeps busy: the thread fix is already
+    applied, so the fix is the other work (never OMP_NUM_THREADS=1 again)."""
+    host = HostSample(cpu_pct=(100.0, 100.0), process_cpu_pct=60.0, load_1m=5.0, workers=0, workers_cpu_pct=0.0,
+                      runq_threads=1.2)
+    d = judge(run(host), Context(device="cpu", usable_cores=2, threads=1, world_size=2))
+    f = finding(d, "oversubscribed")
+    assert f is not None and f.change == {}
+    assert not any(x.startswith("OMP_NUM_THREADS") for x in f.fix)
+    assert f.fix[-1].startswith("move or stop the other work")
+
+
+def test_a_wait_in_next_spent_waiting_for_a_core_is_not_input_bound():
+    """watch_truth g: a loop reading a list beside a hog on every core waits in next() runnable, with no core: the
+    run-queue share of the wait (schedstat) says it is contention, not the data."""
+    events = tuple(StepEvent(step=i + 1, t=(i + 1) * 0.1, seconds=0.1, data_wait_s=0.06, data_wait_cpu_s=0.0,
+                             data_wait_runq_s=runq) for i, runq in enumerate([0.05] * 30))
+    d = judge(Record(steps=events), Context(device="cpu", usable_cores=2, threads=1))
+    assert finding(d, "input-bound") is None
+    assert d.bottleneck == "healthy" and "contention" in d.evidence["input_bound"]
+    slept = tuple(StepEvent(step=i + 1, t=(i + 1) * 0.1, seconds=0.1, data_wait_s=0.06, data_wait_cpu_s=0.0,
+                            data_wait_runq_s=0.001) for i in range(30))
+    assert judge(Record(steps=slept), Context(device="cpu", usable_cores=2, threads=1)).bottleneck == "input-bound"

@@ -168,15 +168,19 @@ def oversubscribed(view: Window, earlier: Earlier) -> Judged | None:
     tree = median([h.tree_threads for h in hosts if h.tree_threads is not None])
     if tree is not None:
         evidence["os_threads_of_tree"] = round(tree)
-    fix = [f"OMP_NUM_THREADS={k} (or torch.set_num_threads({k}) first thing in each process): {procs} process(es) x "
-           f"{k} = {procs * k} compute thread(s) for the {cores.free:.1f} cores other work leaves free"
-           + ("; torchrun sets OMP_NUM_THREADS=1 per process unless told otherwise" if procs > 1 else "")]
+    fix = []
+    if k < threads:  # never the thread count the loop already runs with
+        fix.append(f"OMP_NUM_THREADS={k} (or torch.set_num_threads({k}) first thing in each process): {procs} "
+                   f"process(es) x {k} = {procs * k} compute thread(s) for the {cores.free:.1f} cores other work "
+                   "leaves free" + ("; torchrun sets OMP_NUM_THREADS=1 per process unless told otherwise"
+                                    if procs > 1 else ""))
     w = median([h.workers for h in hosts if h.workers is not None])
     if w and cores.workers is not None and cores.workers >= 0.5:
         fix.append(f"fewer DataLoader workers: {round(w)} workers hold {cores.workers:.1f} cores beside the "
                    f"{demand} compute threads")
-    if cores.other >= 1.0:
-        fix.append(f"move or stop the other work on this machine: it keeps {cores.other:.1f} of the {n} cores busy")
+    if cores.other >= 1.0 or not fix:
+        fix.append(f"move or stop the other work on this machine: it keeps {cores.other:.1f} of the {n} cores busy"
+                   + ("" if fix else f" and the run already uses {threads} thread(s) a process"))
     expected = (f"each runnable thread waits for a core ~{pct(share)} of the time now; with {k} thread(s) a process "
                 "the threads stop waiting on each other: OpenMP's barriers hold every thread until the preempted one "
                 "runs, so the step gains far more than that share (issue 29: 2 → 1 threads on a 2-core box "
@@ -186,7 +190,7 @@ def oversubscribed(view: Window, earlier: Earlier) -> Judged | None:
     return Verdict(bottleneck="oversubscribed", share=share, evidence=evidence, fix=tuple(fix), expected=expected,
                    source="run queue (load_1m) and per-core busy time against the cores; torchrun's "
                           "OMP_NUM_THREADS=1 default; issue 29's 2-core measurement",
-                   summary=f"{reading} on saturated cores", change={"threads": k}), checked
+                   summary=f"{reading} on saturated cores", change={"threads": k} if k < threads else {}), checked
 
 
 __all__ = ["Cores", "cores_free", "other_cores", "oversubscribed"]

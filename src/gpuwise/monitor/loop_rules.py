@@ -24,6 +24,7 @@ from gpuwise.monitor.thresholds import (
     HOST_SM_ACTIVE_PCT,
     HOST_UTIL_PCT,
     INPUT_GPU_BUSY_PCT,
+    INPUT_RUNQ_SHARE,
     INPUT_WAIT_SHARE,
     IO_CPU_SHARE,
     IOWAIT_PCT,
@@ -51,6 +52,13 @@ def input_bound(view: Window, earlier: Earlier) -> Judged | None:
     checked = {"data_wait_share_median": rounded(p.median), "data_wait_threshold": INPUT_WAIT_SHARE,
                "steps_over_threshold": rounded(p.fraction, 3)}
     if not p.fires:
+        return None, checked
+    runq = median([s.data_wait_runq_s / s.data_wait_s for s in steps
+                   if s.data_wait_runq_s is not None and s.data_wait_s > 0])
+    if runq is not None and runq >= INPUT_RUNQ_SHARE:  # the thread waited for a core, not for the data
+        checked.update(data_wait_runq_share=rounded(runq, 3), data_wait_runq_threshold=INPUT_RUNQ_SHARE,
+                       input_bound="not the data: the loop's thread spent the wait in next() runnable with no core "
+                                   "free (CPU contention: see oversubscribed)")
         return None, checked
     busy = median([d.util_pct for d in view.devices if d.util_pct is not None])
     if busy is not None and busy >= INPUT_GPU_BUSY_PCT:  # the GPU ran queued work through the waits

@@ -57,6 +57,18 @@ def allocator_sample(device: Any) -> AllocatorSample | None:
                            alloc_retries=s.get("num_alloc_retries"), ooms=s.get("num_ooms"))
 
 
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def runq_ns() -> int | None:
+    """The calling thread's time runnable but waiting for a core so far, in ns (Linux; None elsewhere)."""
+    try:
+        with open(_SCHEDSTAT) as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def loader_settings(data: Any) -> Loader | None:
     """A torch DataLoader's own loading settings (None for any other iterable)."""
     try:
@@ -102,6 +114,7 @@ class Monitor:
         self._last_step_end: float | None = None
         self._wait = 0.0  # seconds blocked in next() since the last step ended
         self._wait_cpu = 0.0  # this process's CPU seconds meanwhile
+        self._wait_runq: float | None = None  # the loop thread's run-queue seconds meanwhile (Linux)
         self._n_steps = 0
         self._start_device: Any = None
         self._loader: Loader | None = None
@@ -286,13 +299,17 @@ class Monitor:
         self._loader = loader_settings(data) or self._loader
         it = iter(data)
         while True:
-            t, cpu = time.perf_counter(), time.process_time()
+            t, cpu, rq = time.perf_counter(), time.process_time(), runq_ns()
             try:
                 item = next(it)
             except StopIteration:
                 return
             self._wait += time.perf_counter() - t
             self._wait_cpu += time.process_time() - cpu
+            if rq is not None:
+                rq2 = runq_ns()
+                if rq2 is not None:
+                    self._wait_runq = (self._wait_runq or 0.0) + (rq2 - rq) / 1e9
             yield item
 
     def ddp(self, model: Any) -> Any:
@@ -331,14 +348,16 @@ class Monitor:
             comm_s, exposed_comm_s = self._comm.take()
         if seconds is None:
             seconds = now - (self._last_step_end if self._last_step_end is not None else self._t0)
+        runq = None
         if data_wait_s is None:
-            data_wait_s, data_wait_cpu_s = self._wait, self._wait_cpu
-        self._wait, self._wait_cpu, self._last_step_end = 0.0, 0.0, now
+            data_wait_s, data_wait_cpu_s, runq = self._wait, self._wait_cpu, self._wait_runq
+        self._wait, self._wait_cpu, self._wait_runq, self._last_step_end = 0.0, 0.0, None, now
         data_wait_s = min(data_wait_s, seconds)  # the wait is part of the step: a step given without it holds it
         with self._lock:
             self._n_steps += 1
             event = StepEvent(step=self._n_steps, t=now - self._t0, seconds=float(seconds),
                               data_wait_s=float(data_wait_s), data_wait_cpu_s=data_wait_cpu_s,
+                              data_wait_runq_s=runq,
                               compute_s=compute_s, optimizer_s=optimizer_s,
                               comm_s=comm_s, exposed_comm_s=exposed_comm_s, peak_memory_bytes=peak_memory_bytes,
                               flops=flops, items=items, micro_batches=micro_batches, rank=self._current_rank())

@@ -107,6 +107,8 @@ class StepEvent:
     data_wait_s: float = 0.0  # blocked in next() on the data
     data_wait_cpu_s: float | None = None  # CPU time this process spent meanwhile: ~data_wait_s if it made the batch
     # itself on the CPU (decoding), ~0 if it waited on I/O, a sleep or its workers
+    data_wait_runq_s: float | None = None  # of the wait, the time the loop's thread was runnable but had no core
+    # (Linux schedstat): a wait that is mostly this is CPU contention, not the data
     compute_s: float | None = None  # forward + backward (with the exposed part of any collective)
     optimizer_s: float | None = None
     comm_s: float | None = None  # collectives in flight (DDP all-reduce buckets), overlapped or not

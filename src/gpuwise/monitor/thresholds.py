@@ -103,6 +103,10 @@ POWER_LOWERED_RATIO = 0.95
 # Input-bound needs the GPU to wait too: a loop that does not synchronise each step (a user's own, under Monitor)
 # times next() while the GPU still runs queued work, so a high duty cycle over the same span vetoes it.
 INPUT_GPU_BUSY_PCT = 90
+# ... and the wait must be the data's: where the loop's thread spent half the time in next() runnable with no core
+# free (Linux schedstat run-queue time), the wait is CPU contention (watch_truth g: a loop reading a list, OMP 1
+# thread, beside a hog on every core was called input-bound), left to the oversubscribed rule.
+INPUT_RUNQ_SHARE = 0.5
 
 # Fragmentation: no published share; torch's docs say reserved >> allocated. We call it when a quarter of the pool is
 # reserved above the peak allocation (the caching allocator's rounding to 2 MiB / 20 MiB blocks explains a few %), and
