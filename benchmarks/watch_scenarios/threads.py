@@ -21,7 +21,7 @@ WIDTH, DEPTH, BATCH = 256, 8, 32
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=100_000)  # the --seconds cap ends it: long enough for samples
     ap.add_argument("--seconds", type=float, default=8.0, help="stop after this long even if steps remain")
     args = ap.parse_args()
     trainer = Trainer(mlp(WIDTH, DEPTH))
