@@ -7,6 +7,7 @@ train, summarise.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -301,7 +302,11 @@ def fix_input(opts: TrainOptions, summary: TrainSummary, *, steps: int = FIX_STE
     rerun = replace(opts, workers=workers, checkpoint_dir=None, resume=False, auto=False,
                     config=replace(opts.config, steps=min(steps, opts.config.steps), micro_batch=summary.micro_batch,
                                    precision=summary.precision, checkpoint_every=0, eval_every=0))
-    after = run_training(rerun, on_log=on_log, on_event=on_event, environ=environ, machine=machine)
+    with warnings.catch_warnings():
+        # loading that waits (a disk, a sleep) is given more workers than cores on purpose (the diagnosis says why);
+        # torch's generic "suggested max number of worker" warning would contradict it
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        after = run_training(rerun, on_log=on_log, on_event=on_event, environ=environ, machine=machine)
     return InputFix(changed={"workers": (before, workers)}, steps=after.steps, before_step_s=summary.step_s,
                     after_step_s=after.step_s, before_data_wait=summary.data_wait, after_data_wait=after.data_wait,
                     speedup=summary.step_s / after.step_s if summary.step_s and after.step_s else None)
