@@ -57,15 +57,19 @@ def allocator_sample(device: Any) -> AllocatorSample | None:
                            alloc_retries=s.get("num_alloc_retries"), ooms=s.get("num_ooms"))
 
 
-_SCHEDSTAT = "/proc/thread-self/schedstat"
+_SCHEDSTAT_FDS: dict[int, int] = {}  # thread id -> an open /proc/self/task/TID/schedstat (pread, no reopen)
 
 
 def runq_ns() -> int | None:
-    """The calling thread's time runnable but waiting for a core so far, in ns (Linux; None elsewhere)."""
+    """The calling thread's time runnable but waiting for a core so far, in ns (Linux; None elsewhere). The file
+    stays open per thread and is read with pread: ~2 us a call instead of an open and close each time."""
+    tid = threading.get_native_id()
+    fd = _SCHEDSTAT_FDS.get(tid)
     try:
-        with open(_SCHEDSTAT) as f:
-            return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
+        if fd is None:
+            fd = _SCHEDSTAT_FDS[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
 
 
