@@ -337,7 +337,8 @@ class Monitor:
         return self._rank
 
     def step(self, *, seconds: float | None = None, data_wait_s: float | None = None,
-             data_wait_cpu_s: float | None = None, compute_s: float | None = None,
+             data_wait_cpu_s: float | None = None, data_wait_runq_s: float | None = None,
+             compute_s: float | None = None,
              optimizer_s: float | None = None, comm_s: float | None = None,
              exposed_comm_s: float | None = None, peak_memory_bytes: int | None = None,
              flops: float | None = None, items: int | None = None, micro_batches: int | None = None
@@ -352,7 +353,7 @@ class Monitor:
             comm_s, exposed_comm_s = self._comm.take()
         if seconds is None:
             seconds = now - (self._last_step_end if self._last_step_end is not None else self._t0)
-        runq = None
+        runq = data_wait_runq_s
         if data_wait_s is None:
             data_wait_s, data_wait_cpu_s, runq = self._wait, self._wait_cpu, self._wait_runq
         self._wait, self._wait_cpu, self._wait_runq, self._last_step_end = 0.0, 0.0, None, now

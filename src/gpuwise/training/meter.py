@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gpuwise.hardware.device import Target, device_for
+from gpuwise.monitor.sampler import runq_ns
 from gpuwise.precision import PRECISIONS
 
 LIVE_WINDOW = 50  # steps the progress line's diagnosis looks back over
@@ -61,6 +62,8 @@ class Meter:
 
             self.comm = CommTimer(model, self.device)
         self.dt = self.waited = self.waited_cpu = 0.0
+        self.waited_runq: float | None = None  # of the wait, the loop thread's time with no core (Linux)
+        self._runq0: int | None = None
         self.marks: list[Any] | None = None
         self.processes = processes  # each consumes the same share of the global batch
         self.started: float | None = None  # when the first step began (the wall clock's origin)
@@ -69,6 +72,7 @@ class Meter:
     def begin(self) -> None:
         """The step starts: before its batch is read."""
         self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+        self._runq0 = runq_ns() if self.monitor is not None else None
         if self.started is None:
             self.started = self.t0
         self.timer.reset_peak_memory()
@@ -76,6 +80,8 @@ class Meter:
     def fetched(self) -> None:
         """The batch is here: the wait for data ends, the compute begins."""
         self.waited, self.waited_cpu = time.perf_counter() - self.t0, time.process_time() - self.cpu0
+        rq = runq_ns() if self._runq0 is not None else None
+        self.waited_runq = None if rq is None or self._runq0 is None else (rq - self._runq0) / 1e9
         self.marks = [self._mark()] if self.monitor is not None else None
 
     def mark(self) -> None:
@@ -121,6 +127,7 @@ class Meter:
         """The step to the monitor, after the step's synchronisation (the CUDA events are complete then)."""
         comm, exposed = self.comm.take() if self.comm is not None else (None, None)
         self.monitor.step(seconds=self.dt, data_wait_s=self.waited, data_wait_cpu_s=self.waited_cpu,
+                          data_wait_runq_s=self.waited_runq,
                           compute_s=self._seconds(marks[0], marks[1]),
                           optimizer_s=self._seconds(marks[1], marks[2]), comm_s=comm, exposed_comm_s=exposed,
                           peak_memory_bytes=self.timer.peak_memory_bytes(), flops=self.flops, items=items,
