@@ -170,6 +170,31 @@ def test_workers_rss_growing_is_named_as_copy_on_access():
     assert trends(d)["process_rss"]["fires"] is False
 
 
+@pytest.mark.parametrize("tensor_bytes, pool", [(256 * 1024, "small"), (64 * 2**20, "large")])
+def test_the_allocator_says_how_many_tensors_a_step_keeps_and_which_pool(tensor_bytes, pool):
+    """A loop keeping tensors across steps: 4 a step of 256 KiB (under 1 MB: the small pool, e.g. per-step metrics
+    kept on the GPU) or of 64 MiB (the large pool: outputs collected). By hand: allocations +4 a step, each
+    tensor_bytes on average; the pool is the one that carries the growth."""
+    kept = 4
+    n_steps = 400 if pool == "small" else 40
+
+    def alloc(step: int) -> AllocatorSample:
+        grown = kept * tensor_bytes * step
+        return AllocatorSample(allocated_bytes=2 * GiB + grown, reserved_bytes=3 * GiB + grown,
+                               small_pool_allocated_bytes=10 * 2**20 + (grown if pool == "small" else 0),
+                               allocations=500 + kept * step)
+
+    events = tuple(StepEvent(step=i + 1, t=0.1 * (i + 1), seconds=0.1) for i in range(n_steps))
+    samples = tuple(Sample(t=0.1 * (i + 1) + 0.05, allocator=alloc(i + 1)) for i in range(n_steps))
+    d = judge(Record(samples=samples, steps=events, device_kind="cuda"),
+              Context(device="cuda", usable_cores=8, memory_total_bytes=80 * GiB))
+    assert d.bottleneck == "memory-leak"
+    kind = d.evidence["tensors_growing"]
+    assert kind["pool"] == pool and kind["bytes_per_allocation"] == pytest.approx(tensor_bytes, rel=0.01)
+    assert kind["allocations_per_step"] == pytest.approx(kept, rel=0.05)
+    assert f"in the {pool} pool" in d.expected
+
+
 def test_step_peaks_growing_without_allocator_samples_judge_the_gpu():
     """Only the steps' max_memory_allocated (a log from train): +50 MB a step on 80 GiB. By hand: headroom 80 GiB -
     the last peak, at 50 MB a step and 2 steps a second."""

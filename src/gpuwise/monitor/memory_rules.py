@@ -374,8 +374,41 @@ def memory_leak(view: Window, earlier: Earlier) -> Judged | None:
     if len(growing) > 1:
         expected += "; also growing: " + ", ".join(f"{g.what} {_size(t.slope_s)}/s" for g, t in growing[1:])
     evidence = {**checked, **top, "growing": found}
+    kind = _what_tensors(view) if s.key == "cuda_allocated" else None
+    if kind is not None:
+        evidence["tensors_growing"] = kind
+        expected += f"; the allocator says {kind['reading']}"
     return Verdict(bottleneck="memory-leak", share=None, evidence=evidence, fix=tuple(fix), expected=expected,
                    source=SOURCE, summary=summary), checked
+
+
+def _what_tensors(view: Window) -> dict[str, Any] | None:
+    """What kind of tensors the allocator's growth is, where it can tell: how many live allocations each step adds
+    and their mean size, and whether they sit in the small pool (blocks under 1 MB: scalars such as a loss kept
+    without .item(), small outputs) or the large one (activations, outputs, caches)."""
+    allocs = [(s.t, s.allocator) for s in view.samples if s.allocator is not None]
+    counts = [(t, a.allocations) for t, a in allocs if a.allocations is not None]
+    if len(counts) < LEAK_MIN_POINTS:
+        return None
+    first, last = allocs[0][1], allocs[-1][1]
+    grown = last.allocated_bytes - first.allocated_bytes
+    added = counts[-1][1] - counts[0][1]
+    if grown <= 0 or added <= 0:
+        return None
+    small = (None if last.small_pool_allocated_bytes is None or first.small_pool_allocated_bytes is None
+             else last.small_pool_allocated_bytes - first.small_pool_allocated_bytes)
+    span = counts[-1][0] - counts[0][0]
+    steps = [s for s in view.steps if counts[0][0] < s.t <= counts[-1][0]]
+    per_step = added / len(steps) if steps else None
+    pool = "small" if small is not None and small >= grown / 2 else "large"
+    reading = (f"{added} more live tensors" + (f" ({per_step:.1f} a step)" if per_step else
+                                              f" over {_duration(span)}")
+               + f" of {_size(grown / added)} each on average, in the {pool} pool: "
+               + ("scalars or small tensors kept (a loss logged without .item(), per-step metrics)" if pool == "small"
+                  else "large tensors kept (outputs or activations collected, a growing cache)"))
+    return {"allocations_added": added, "allocations_per_step": rounded(per_step, 2),
+            "bytes_per_allocation": rounded(grown / added, 0), "small_pool_growth_bytes": small, "pool": pool,
+            "reading": reading}
 
 
 __all__ = ["LEAK_HALF_RATE_SHARE", "LEAK_MIN_BYTES", "LEAK_MIN_POINTS", "LEAK_MIN_R2", "LEAK_MIN_RISE_SHARE",

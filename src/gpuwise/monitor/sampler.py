@@ -54,7 +54,9 @@ def allocator_sample(device: Any) -> AllocatorSample | None:
                            reserved_bytes=int(s.get("reserved_bytes.all.current", 0)),
                            peak_allocated_bytes=s.get("allocated_bytes.all.peak"),
                            inactive_split_bytes=s.get("inactive_split_bytes.all.current"),
-                           alloc_retries=s.get("num_alloc_retries"), ooms=s.get("num_ooms"))
+                           alloc_retries=s.get("num_alloc_retries"), ooms=s.get("num_ooms"),
+                           small_pool_allocated_bytes=s.get("allocated_bytes.small_pool.current"),
+                           allocations=s.get("allocation.all.current"))
 
 
 _SCHEDSTAT_FDS: dict[int, int] = {}  # thread id -> an open /proc/self/task/TID/schedstat (pread, no reopen)

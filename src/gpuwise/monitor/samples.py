@@ -64,6 +64,8 @@ class AllocatorSample:
     inactive_split_bytes: int | None = None  # reserved, unused, in blocks split for smaller requests
     alloc_retries: int | None = None  # cudaMalloc failed, the cache was flushed and the call retried
     ooms: int | None = None
+    small_pool_allocated_bytes: int | None = None  # of allocated, in blocks under 1 MB (scalars, small tensors)
+    allocations: int | None = None  # live allocations (allocation.all.current): kept tensors add one each
 
 
 @dataclass(frozen=True, kw_only=True)
