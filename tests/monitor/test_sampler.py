@@ -95,13 +95,16 @@ def test_every_rank_writes_its_events_with_its_items_and_accumulation(tmp_path, 
 
 
 def test_host_samples_carry_the_processs_resident_memory_and_threads():
+    import mmap
     import threading
 
     import psutil
 
     with Monitor(interval_s=0.02, gpus=False) as mon:
-        ballast = bytearray(64 * 2**20)  # 64 MiB resident once touched
-        ballast[::4096] = b"x" * len(ballast[::4096])
+        time.sleep(0.05)
+        ballast = mmap.mmap(-1, 64 * 2**20)  # fresh anonymous pages (malloc could reuse pages already resident)
+        for i in range(0, len(ballast), 4096):
+            ballast[i] = 1  # resident once touched
         time.sleep(0.1)
     hosts = [s.host for s in mon.record().samples if s.host is not None]
     rss = [h.process_rss_bytes for h in hosts]
@@ -109,7 +112,7 @@ def test_host_samples_carry_the_processs_resident_memory_and_threads():
     assert max(rss) <= psutil.Process().memory_info().rss * 1.05
     assert all(h.process_threads >= threading.active_count() - 1 for h in hosts)  # the sampler thread among them
     assert all(h.tree_processes >= 1 and h.load_1m is not None for h in hosts)
-    del ballast
+    ballast.close()
 
 
 def test_a_log_that_cannot_be_written_is_one_line_before_anything_runs(tmp_path):

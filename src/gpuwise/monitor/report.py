@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuwise.monitor.samples import Record, StepEvent
-from gpuwise.monitor.verdict import Diagnosis
+from gpuwise.monitor.verdict import Diagnosis, Verdict
+from gpuwise.monitor.window import rounded
 
 P95 = 0.95  # the tail quantile reported beside the median: the step most loops' stalls reach (one step in 20)
 
@@ -118,7 +119,6 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict json.dumps takes (no NaN, no tuples)."""
-        from gpuwise.render.diagnosis import jsonable
 
         return jsonable({
             "bottleneck": self.bottleneck, "summary": self.summary, "judged": self.judged,
@@ -246,8 +246,6 @@ def devices_now(record: Record, used: Sequence[int] = ()) -> tuple[dict[str, Any
 def build_report(record: Record, diagnosis: Diagnosis, *, used: Sequence[int] = ()) -> Report:
     """The report of ``record`` as ``diagnosis`` judged it. ``used``: the GPUs the command held memory on (the
     memory figures count those; every GPU when empty)."""
-    from gpuwise.monitor.watch import device_summary, host_summary
-    from gpuwise.render.diagnosis import diagnosis_json
 
     missing = diagnosis.evidence.get("missing") if diagnosis.bottleneck == "not-judged" else None
     return Report(bottleneck=diagnosis.bottleneck, summary=diagnosis.summary,
@@ -259,5 +257,109 @@ def build_report(record: Record, diagnosis: Diagnosis, *, used: Sequence[int] = 
                   host=host_summary(record))
 
 
-__all__ = ["MemoryStats", "RankStats", "Report", "StepStats", "Throughput", "build_report", "memory_stats",
-           "percentile", "rank_stats", "step_stats", "throughput"]
+# -- the diagnosis as plain data (render.diagnosis shows it to people) ---------------------------------------
+
+
+def jsonable(x: Any) -> Any:
+    """Dicts, lists and plain scalars as json.dumps takes them: a non-finite float as None, anything else as str."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+def _verdict_json(f: Verdict) -> dict[str, Any]:
+    return {"bottleneck": f.bottleneck, "share": rounded(f.share), "summary": f.summary, "evidence": f.evidence,
+            "fix": list(f.fix), "expected": f.expected, "source": f.source, "change": jsonable(f.change)}
+
+
+def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
+    """A plain dict json.dumps takes: bottleneck, summary, evidence, fix, expected, findings, observed_vs_planned,
+    note, steps."""
+    return jsonable({"bottleneck": d.bottleneck, "summary": d.summary, "evidence": d.evidence, "fix": list(d.fix),
+                      "expected": d.expected, "findings": [_verdict_json(f) for f in d.findings],
+                      "observed_vs_planned": d.observed_vs_planned, "note": d.note, "steps": d.steps})
+
+
+
+# -- summaries over a record ----------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _max(values: list[float]) -> float | None:
+    return max(values) if values else None
+
+
+def device_summary(record: Record, used: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Per GPU over the whole watch: medians of the duty cycle and power, peaks of memory and temperature, the clock,
+    and the throttle reasons seen while it was busy. ``used``: the GPUs the command held memory on (flagged)."""
+    by_index: dict[int, list] = {}
+    for s in record.samples:
+        for d in s.devices:
+            by_index.setdefault(d.index, []).append(d)
+    rows = []
+    for index, ds in sorted(by_index.items()):
+        def vals(name: str, ds=ds) -> list[float]:
+            return [getattr(d, name) for d in ds if getattr(d, name) is not None]
+
+        busy = [d for d in ds if (d.util_pct or 0) >= 10]
+        reasons = sorted({r for d in busy for r in (d.clock_reasons or ()) if r != "idle"})
+        energy = vals("energy_j")
+        rows.append({
+            "index": index, "name": next((d.name for d in ds if d.name), None), "samples": len(ds),
+            "used": index in used if used else None,
+            "util_median_pct": _median(vals("util_pct")), "util_max_pct": _max(vals("util_pct")),
+            "memory_peak_bytes": _max(vals("memory_used_bytes")),
+            "memory_total_bytes": _max(vals("memory_total_bytes")),
+            "process_memory_peak_bytes": _max(vals("process_memory_bytes")),
+            "power_median_w": _median(vals("power_w")), "power_max_w": _max(vals("power_w")),
+            "power_limit_w": _max(vals("power_limit_w")),
+            "energy_j": energy[-1] - energy[0] if len(energy) >= 2 else None,
+            "sm_clock_median_mhz": _median(vals("sm_clock_mhz")), "sm_clock_max_mhz": _max(vals("sm_clock_max_mhz")),
+            "temperature_max_c": _max(vals("temperature_c")),
+            "sm_active_median_pct": _median(vals("sm_active_pct")),
+            "throttle_reasons": reasons,
+        })
+    return rows
+
+
+def host_summary(record: Record) -> dict[str, Any]:
+    """The host over the watch: busy cores, the command's CPU (% of one core) and its workers', memory, iowait."""
+    hosts = [s.host for s in record.samples if s.host is not None]
+    cores = max((len(h.cpu_pct) for h in hosts), default=0)
+    proc = [h.process_cpu_pct for h in hosts if h.process_cpu_pct is not None]
+    return {
+        "cores": cores or None,
+        "busy_cores_median": _median([sum(h.cpu_pct) / 100 for h in hosts if h.cpu_pct]),
+        "process_cpu_median_pct": _median(proc), "process_cpu_max_pct": _max(proc),
+        "workers_max": _max([h.workers for h in hosts if h.workers is not None]),
+        "workers_cpu_median_pct": _median([h.workers_cpu_pct for h in hosts if h.workers and
+                                           h.workers_cpu_pct is not None]),
+        "memory_peak_bytes": _max([h.memory_used_bytes for h in hosts if h.memory_used_bytes is not None]),
+        "memory_total_bytes": _max([h.memory_total_bytes for h in hosts if h.memory_total_bytes is not None]),
+        "iowait_median_pct": _median([h.iowait_pct for h in hosts if h.iowait_pct is not None]),
+    }
+
+
+def step_summary(record: Record) -> dict[str, Any]:
+    """The loop's own step events, where the command ran a gpuwise.Monitor: count, the step time's median, p95 and
+    max, the data-wait share, and throughput over wall clock (``monitor.report``: the lowest rank's steps under
+    torchrun)."""
+
+    st, tp = step_stats(record), throughput(record)
+    return {"count": st.count, "step_median_s": st.median_s, "step_p95_s": st.p95_s, "step_max_s": st.max_s,
+            "data_wait_share_median": st.data_wait_share_median, "ooms": st.ooms, "wall_s": tp.wall_s,
+            "steps_per_s": tp.steps_per_s, "items_per_s": tp.items_per_s}
+
+
+__all__ = ["MemoryStats", "RankStats", "Report", "StepStats", "Throughput", "build_report", "device_summary",
+           "diagnosis_json", "host_summary", "jsonable", "memory_stats", "percentile", "rank_stats", "step_stats",
+           "step_summary", "throughput"]

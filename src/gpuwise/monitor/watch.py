@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import statistics
 import subprocess
 import tempfile
 import threading
@@ -38,7 +37,7 @@ from gpuwise.environment import usable_cores
 from gpuwise.errors import GpuwiseError
 from gpuwise.monitor.child import Signals, Waiter, attach, exit_status, kill, resolve_command, spawn
 from gpuwise.monitor.host import HostReader
-from gpuwise.monitor.report import Report, build_report
+from gpuwise.monitor.report import Report, build_report, device_summary, host_summary, step_summary
 from gpuwise.monitor.rules import judge
 from gpuwise.monitor.sampler import EVENTS_ENV
 from gpuwise.monitor.samples import OomEvent, Record, Sample, StepEvent, from_line, to_line
@@ -438,77 +437,6 @@ def _only_devices(record: Record, indices: Sequence[int]) -> Record:
     keep = set(indices)
     return dataclasses.replace(record, samples=tuple(dataclasses.replace(
         s, devices=tuple(d for d in s.devices if d.index in keep)) for s in record.samples))
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _max(values: list[float]) -> float | None:
-    return max(values) if values else None
-
-
-def device_summary(record: Record, used: Sequence[int] = ()) -> list[dict[str, Any]]:
-    """Per GPU over the whole watch: medians of the duty cycle and power, peaks of memory and temperature, the clock,
-    and the throttle reasons seen while it was busy. ``used``: the GPUs the command held memory on (flagged)."""
-    by_index: dict[int, list] = {}
-    for s in record.samples:
-        for d in s.devices:
-            by_index.setdefault(d.index, []).append(d)
-    rows = []
-    for index, ds in sorted(by_index.items()):
-        def vals(name: str, ds=ds) -> list[float]:
-            return [getattr(d, name) for d in ds if getattr(d, name) is not None]
-
-        busy = [d for d in ds if (d.util_pct or 0) >= 10]
-        reasons = sorted({r for d in busy for r in (d.clock_reasons or ()) if r != "idle"})
-        energy = vals("energy_j")
-        rows.append({
-            "index": index, "name": next((d.name for d in ds if d.name), None), "samples": len(ds),
-            "used": index in used if used else None,
-            "util_median_pct": _median(vals("util_pct")), "util_max_pct": _max(vals("util_pct")),
-            "memory_peak_bytes": _max(vals("memory_used_bytes")),
-            "memory_total_bytes": _max(vals("memory_total_bytes")),
-            "process_memory_peak_bytes": _max(vals("process_memory_bytes")),
-            "power_median_w": _median(vals("power_w")), "power_max_w": _max(vals("power_w")),
-            "power_limit_w": _max(vals("power_limit_w")),
-            "energy_j": energy[-1] - energy[0] if len(energy) >= 2 else None,
-            "sm_clock_median_mhz": _median(vals("sm_clock_mhz")), "sm_clock_max_mhz": _max(vals("sm_clock_max_mhz")),
-            "temperature_max_c": _max(vals("temperature_c")),
-            "sm_active_median_pct": _median(vals("sm_active_pct")),
-            "throttle_reasons": reasons,
-        })
-    return rows
-
-
-def host_summary(record: Record) -> dict[str, Any]:
-    """The host over the watch: busy cores, the command's CPU (% of one core) and its workers', memory, iowait."""
-    hosts = [s.host for s in record.samples if s.host is not None]
-    cores = max((len(h.cpu_pct) for h in hosts), default=0)
-    proc = [h.process_cpu_pct for h in hosts if h.process_cpu_pct is not None]
-    return {
-        "cores": cores or None,
-        "busy_cores_median": _median([sum(h.cpu_pct) / 100 for h in hosts if h.cpu_pct]),
-        "process_cpu_median_pct": _median(proc), "process_cpu_max_pct": _max(proc),
-        "workers_max": _max([h.workers for h in hosts if h.workers is not None]),
-        "workers_cpu_median_pct": _median([h.workers_cpu_pct for h in hosts if h.workers and
-                                           h.workers_cpu_pct is not None]),
-        "memory_peak_bytes": _max([h.memory_used_bytes for h in hosts if h.memory_used_bytes is not None]),
-        "memory_total_bytes": _max([h.memory_total_bytes for h in hosts if h.memory_total_bytes is not None]),
-        "iowait_median_pct": _median([h.iowait_pct for h in hosts if h.iowait_pct is not None]),
-    }
-
-
-def step_summary(record: Record) -> dict[str, Any]:
-    """The loop's own step events, where the command ran a gpuwise.Monitor: count, the step time's median, p95 and
-    max, the data-wait share, and throughput over wall clock (``monitor.report``: the lowest rank's steps under
-    torchrun)."""
-    from gpuwise.monitor.report import step_stats, throughput
-
-    st, tp = step_stats(record), throughput(record)
-    return {"count": st.count, "step_median_s": st.median_s, "step_p95_s": st.p95_s, "step_max_s": st.max_s,
-            "data_wait_share_median": st.data_wait_share_median, "ooms": st.ooms, "wall_s": tp.wall_s,
-            "steps_per_s": tp.steps_per_s, "items_per_s": tp.items_per_s}
 
 
 __all__ = ["Tick", "WatchResult", "WatchStart", "device_summary", "devices_used", "host_summary", "step_summary",

@@ -1,42 +1,16 @@
-"""The monitor's diagnosis for people (short lines) and for ``--json`` (a plain dict), shared by ``gpuwise watch``
-and ``gpuwise train``."""
+"""The monitor's diagnosis for people (short lines), shared by ``gpuwise watch`` and ``gpuwise train``; the plain dict
+for ``--json`` is ``monitor.report.diagnosis_json`` (the monitor's own data), used from here too."""
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gpuwise.monitor.window import ms, rounded
+from gpuwise.monitor.report import diagnosis_json, jsonable
+from gpuwise.monitor.window import ms
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:
-    from gpuwise.monitor.verdict import Diagnosis, Verdict
-
-
-def jsonable(x: Any) -> Any:
-    """Dicts, lists and plain scalars as json.dumps takes them: a non-finite float as None, anything else as str."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if x is None or isinstance(x, (bool, int, float, str)):
-        return x
-    return str(x)
-
-
-def _verdict_json(f: Verdict) -> dict[str, Any]:
-    return {"bottleneck": f.bottleneck, "share": rounded(f.share), "summary": f.summary, "evidence": f.evidence,
-            "fix": list(f.fix), "expected": f.expected, "source": f.source, "change": jsonable(f.change)}
-
-
-def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
-    """A plain dict json.dumps takes: bottleneck, summary, evidence, fix, expected, findings, observed_vs_planned,
-    note, steps."""
-    return jsonable({"bottleneck": d.bottleneck, "summary": d.summary, "evidence": d.evidence, "fix": list(d.fix),
-                      "expected": d.expected, "findings": [_verdict_json(f) for f in d.findings],
-                      "observed_vs_planned": d.observed_vs_planned, "note": d.note, "steps": d.steps})
+    from gpuwise.monitor.verdict import Diagnosis
 
 
 def render_lines(d: Diagnosis) -> list[str]:
