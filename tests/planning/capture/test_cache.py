@@ -47,7 +47,7 @@ def test_a_second_simulation_reads_every_capture_back_and_equals_the_first(captu
     again = simulate(source, SETUP)
     assert len(captures) == n  # nothing captured again
     _same(first, again)
-    assert len(list(capture_cache.folder().glob("*.pkl"))) == n
+    assert len(list(capture_cache.folder().glob("*.npz"))) == n
 
 
 def test_another_setup_or_model_is_another_entry(captures):
@@ -68,13 +68,13 @@ def test_the_cache_is_off_with_gpuwise_cache_off(captures, monkeypatch):
 def test_a_damaged_entry_is_captured_again_and_replaced(captures):
     source = resolve_source("gpt2", None)
     first = simulate(source, SETUP)
-    files = sorted(capture_cache.folder().glob("*.pkl"))
-    files[0].write_bytes(b"not a pickle")
+    files = sorted(capture_cache.folder().glob("*.npz"))
+    files[0].write_bytes(b"not an entry")
     files[1].write_bytes(files[1].read_bytes()[:100])  # cut short, as a full disk would leave it
     again = simulate(source, SETUP)
     assert len(captures) == 6
     _same(first, again)
-    assert len(list(capture_cache.folder().glob("*.pkl"))) == 4
+    assert len(list(capture_cache.folder().glob("*.npz"))) == 4
 
 
 def test_a_folder_that_cannot_be_written_costs_the_cache_not_the_command(captures, monkeypatch, tmp_path):
@@ -106,4 +106,86 @@ def test_the_key_follows_gpuwises_own_code(monkeypatch):
 def test_the_folder_is_trimmed_to_the_most_recently_used(captures, monkeypatch):
     monkeypatch.setattr(capture_cache, "MAX_FILES", 3)
     simulate(resolve_source("gpt2", None), SETUP)
-    assert len(list(capture_cache.folder().glob("*.pkl"))) == 3
+    assert len(list(capture_cache.folder().glob("*.npz"))) == 3
+
+
+def test_a_planted_pickle_never_runs(tmp_path, monkeypatch):
+    """Issue 30: a pickle planted in the captures folder ran os.system on the next gpuwise plan. Entries are now an
+    .npz read without pickle: a planted .pkl is never opened (and is removed when the folder is trimmed), and a
+    planted .npz whose arrays are pickled objects is refused and dropped, its code never run."""
+    import os
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    source = resolve_source("gpt2", None)
+    name = capture_cache.key(source, SETUP, 2, None)
+    where = capture_cache.folder()
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{name}.pkl").write_bytes(pickle.dumps(Payload()))
+    obj = np.empty(1, dtype=object)
+    obj[0] = Payload()
+    np.savez(where / f"{name}.npz", __meta__=obj, __sha256__=obj)
+    assert capture_cache.load(name) is None
+    assert not marker.exists() and not (where / f"{name}.npz").exists()
+    capture_cache.store("another", {"ops": 1})  # a write trims the folder: the old pickle goes
+    assert not marker.exists() and not (where / f"{name}.pkl").exists()
+
+
+def test_an_entry_whose_checksum_does_not_match_is_captured_again(captures):
+    """A flipped byte inside an array (the zip's own CRC rewritten to match) is caught by the entry's SHA-256."""
+    import io
+    import zipfile
+
+    source = resolve_source("gpt2", None)
+    first = simulate(source, SETUP)
+    path = sorted(capture_cache.folder().glob("*.npz"))[0]
+    with zipfile.ZipFile(path) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    target = next(n for n in members if not n.startswith("__"))
+    data = bytearray(members[target])
+    data[-1] ^= 0xFF  # the last byte of the array's data
+    members[target] = bytes(data)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+    path.write_bytes(buf.getvalue())
+    assert capture_cache.load(path.stem) is None and not path.exists()
+    _same(first, simulate(source, SETUP))
+    assert len(captures) == 5  # the four first captures and the damaged one again
+
+
+def test_a_capture_round_trips_field_by_field():
+    """Every field of a real capture back equal: ints, tuples, dicts, arrays (dtype and shape) and the nested
+    dataclasses."""
+    import dataclasses
+
+    from gpuwise.planning.capture.step import capture
+
+    c = capture(resolve_source("gpt2", None), SETUP, batch=2, n_layer=2)
+    back = capture_cache.loads(capture_cache.dumps(c))
+
+    def same(a, b):
+        assert type(a) is type(b), (type(a), type(b))
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        elif dataclasses.is_dataclass(a):
+            for f in dataclasses.fields(a):
+                same(getattr(a, f.name), getattr(b, f.name))
+        elif isinstance(a, (tuple, list)):
+            assert len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                same(x, y)
+        elif isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for k in a:
+                same(a[k], b[k])
+        else:
+            assert a == b
+
+    same(c, back)
