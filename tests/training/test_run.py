@@ -54,16 +54,16 @@ def _trainer(tmp_path=None, steps=6, data=None, model=None, **cfg) -> Trainer:
 # -- 1. Ctrl-C ----------------------------------------------------------------------------------------------------
 
 class Interrupting(Items):
-    """Sends this process SIGINT while reading the batch of step ``at``."""
+    """Sends this process ``sig`` (SIGINT) while reading the batch of step ``at``."""
 
-    def __init__(self, at: int, twice: bool = False):
+    def __init__(self, at: int, twice: bool = False, sig: int = signal.SIGINT):
         super().__init__()
-        self.at, self.twice = at, twice
+        self.at, self.twice, self.sig = at, twice, sig
 
     def __getitem__(self, i):
         self.calls = getattr(self, "calls", 0) + 1
         if self.calls == 4 * (self.at - 1) + 1:  # the first item of that step's batch of 4
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.sig)
         return super().__getitem__(i)
 
 
@@ -76,6 +76,50 @@ def test_ctrl_c_finishes_the_step_saves_it_and_says_where(tmp_path):
     assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
     resumed = _trainer(tmp_path, steps=20)
     assert resumed.fit(resume=True).resumed_from == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_schedulers_stop_or_a_closed_session_saves_the_step_like_ctrl_c(tmp_path, sig):
+    """Issue 30: SIGTERM and SIGHUP killed a run at once and lost every step since the last checkpoint (with the
+    default --checkpoint-every 0, SIGHUP at step 6 left only .lock). Now they finish the step and save it."""
+    before = signal.getsignal(sig)
+    t = _trainer(tmp_path, steps=20, data=Interrupting(at=6, sig=sig), checkpoint_every=0)
+    with pytest.raises(Interrupted) as caught:
+        t.fit()
+    assert caught.value.step == 6 and caught.value.saved.name == "step-000000006" and caught.value.signum == sig
+    assert signal.getsignal(sig) is before  # the handler is put back
+    assert _trainer(tmp_path, steps=20).fit(resume=True).resumed_from == 6
+
+
+def test_sigterm_from_outside_stops_gpuwise_train_with_a_saved_step_and_exit_143(tmp_path):
+    """A real SIGTERM sent to a running `gpuwise train` (as a scheduler sends it): one line naming the step, the
+    signal and how to go on; exit 128 + 15; the checkpoint it names is there."""
+    import subprocess
+    import sys
+    import time
+
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuwise", *TINY, "--steps", "100000", "--checkpoint-dir",
+                             str(ck), "--log-every", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "step      3" not in seen and time.monotonic() < deadline:  # training has begun
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen += line
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [x for x in err.splitlines() if x.startswith("stopped at step")]
+    assert proc.returncode == 128 + signal.SIGTERM, (seen + err)[-2000:]
+    assert len(lines) == 1 and "(SIGTERM); saved step-" in lines[0] and lines[0].endswith("continue with --resume")
+    step = int(lines[0].split()[3])
+    assert (ck / f"step-{step:09d}").is_dir()
 
 
 def test_ctrl_c_on_the_command_line_exits_130_with_the_step_and_the_way_on(capsys, tmp_path, monkeypatch):

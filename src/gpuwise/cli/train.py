@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -209,9 +210,10 @@ def train(
         progress.stop()
         where = (f"saved {stop.saved.name}; continue with --resume" if stop.saved is not None else
                  "no checkpoint (pass --checkpoint-dir to keep a run)")
+        why = "" if stop.signum == signal.SIGINT else f" ({stop.signal_name})"
         if Ranks.from_environ(os.environ).main:  # under torchrun every process stops; one says so
-            console.print(f"stopped at step {stop.step}; {where}", markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
+            console.print(f"stopped at step {stop.step}{why}; {where}", markup=False, soft_wrap=True)
+        raise typer.Exit(128 + stop.signum) from None  # 130 for Ctrl-C, 143 SIGTERM, 129 SIGHUP: as a shell says
     finally:
         progress.stop()
         if log_file:

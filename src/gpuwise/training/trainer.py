@@ -406,11 +406,11 @@ class Trainer:
 
     def _interrupted(self) -> Interrupted:
         """Save the steps trained since the last checkpoint, and say where the run stopped."""
-        forced = self.stop.forced
+        forced, signum = self.stop.forced, self.stop.signum
         if self.checkpointer is None:
-            return Interrupted(self.step, None, forced)
+            return Interrupted(self.step, None, forced, signum)
         if self.step > self.saved and not forced:  # under torchrun every process is here, after the same step
             self._save()
             self.saved = self.step
         found, _ = ckpt.latest(self.checkpointer.folder)
-        return Interrupted(self.step, found.path if found is not None else None, forced)
+        return Interrupted(self.step, found.path if found is not None else None, forced, signum)
