@@ -135,6 +135,39 @@ def test_ctrl_c_on_the_command_line_exits_130_with_the_step_and_the_way_on(capsy
 
 # -- 2. full disks, locks, odd inputs -----------------------------------------------------------------------------
 
+def test_a_real_write_limit_at_either_writer_is_exit_2_naming_the_last_good_checkpoint(tmp_path):
+    """Issue 30: a full disk while checkpointing was exit 3 in every real try (the earlier test mocked OSError, but
+    safetensors raises SafetensorError and torch.save RuntimeError). A real `ulimit -f` (EFBIG, as a full disk's
+    ENOSPC) under each writer: 256 KiB stops safetensors' model file, 4 MiB lets it through (3.2 MB) and stops
+    torch.save's state (6.5 MB). Each: exit 2, one line naming the last good step, no half-written folder; then the
+    run resumes from that step without the limit."""
+    import resource
+    import subprocess
+    import sys
+
+    ck = tmp_path / "ck"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def train(steps: int, limit: int | None = None, *extra: str) -> subprocess.CompletedProcess:
+        def cap() -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        return subprocess.run([sys.executable, "-m", "gpuwise", *TINY, "--steps", str(steps), "--checkpoint-dir",
+                               str(ck), "--checkpoint-every", "2", *extra], capture_output=True, text=True, env=env,
+                              timeout=300, preexec_fn=None if limit is None else cap)
+
+    assert train(4).returncode == 0
+    for limit, writer in ((256 * 1024, "SafetensorError"), (4 * 2**20, "RuntimeError")):
+        done = train(8, limit, "--resume")
+        errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert len(errors) == 1 and "disk full at checkpoint step-000000006" in errors[0] and writer in errors[0]
+        assert "the last good checkpoint is step 4 (step-000000004), intact" in errors[0]
+        assert sorted(p.name for p in ck.iterdir()) == [".lock", "step-000000002", "step-000000004"]
+    done = train(6, None, "--resume")
+    assert done.returncode == 0 and (ck / "step-000000006").is_dir(), done.stderr[-2000:]
+
+
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_checkpoint_before(tmp_path, monkeypatch):
     t = _trainer(tmp_path, steps=4, checkpoint_every=2)
     real = ckpt.save_file
@@ -145,8 +178,8 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_checkpoint_be
         real(tensors, path)
 
     monkeypatch.setattr(ckpt, "save_file", full)
-    with pytest.raises(GpuwiseError, match=r"cannot write checkpoint step-000000004 .*No space left on device; "
-                                           r"step-000000002 is intact"):
+    with pytest.raises(GpuwiseError, match=r"disk full at checkpoint step-000000004 .*\(No space left on device\); "
+                                           r"the last good checkpoint is step 2 \(step-000000002\), intact"):
         t.fit()
     assert [p.name for p in ckpt.steps_in(tmp_path)] == ["step-000000002"]
     assert not list(tmp_path.glob(".step-*"))  # the half-written one is gone

@@ -340,6 +340,35 @@ class CheckpointNotWritten(GpuwiseError):
     """A checkpoint that could not be written (a full disk, a folder gone): the ones before it are intact."""
 
 
+# How each writer reports a failed write, measured with a 1 MiB `ulimit -f` (EFBIG) and full filesystems (ENOSPC):
+# an OSError from our own files; safetensors' SafetensorError "Error while serializing: I/O error: File too large
+# (os error 27)"; torch.save's RuntimeError "[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"
+# with the context RuntimeError "basic_ios::clear: iostream error".
+_WRITE_FAILED = ("i/o error", "os error", "inline_container", "iostream error", "file write failed", "unexpected pos",
+                 "no space left", "file too large", "disk quota")
+
+
+def write_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a write that the disk refused, whatever library wrote."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, OSError):
+            return True
+        if type(exc).__name__ in ("SafetensorError", "RuntimeError") and any(
+                k in str(exc).lower() for k in _WRITE_FAILED):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return True
+    text = f"{exc} {exc.__context__ or ''}".lower()
+    return any(k in text for k in ("no space left", "file too large", "os error 28", "os error 27", "disk quota",
+                                   "inline_container", "iostream error"))
+
+
 class Checkpointer:
     """A run's checkpoints, whole or sharded behind one interface: ``save(step, ...)`` and ``resume(...)``.
 
@@ -413,14 +442,16 @@ class Checkpointer:
                 save(self.folder, step, model_state=model.state_dict(),
                      state={**state, "optimizer": optimizer.state_dict()}, fingerprint=self.fingerprint,
                      keep=self.keep, identity=self.identity, run=self.run)
-        except (OSError, RuntimeError) as exc:  # torch.save and safetensors report a failed write as RuntimeError
-            if isinstance(exc, RuntimeError) and not isinstance(exc.__cause__ or exc.__context__, OSError) \
-                    and "write" not in str(exc).lower():
+        except Exception as exc:
+            if not write_failed(exc):
                 raise
+            shutil.rmtree(self.folder / f".{PREFIX}{step:09d}.sharded", ignore_errors=True)
             good, _ = candidates(self.folder)
-            kept = f"; {good[0].path.name} is intact" if good else ""
+            kept = (f"; the last good checkpoint is step {good[0].step} ({good[0].path.name}), intact" if good else
+                    "; no earlier checkpoint")
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
-            raise CheckpointNotWritten(f"cannot write checkpoint {PREFIX}{step:09d} in {self.folder}: {why}{kept}",
+            full = "disk full" if _disk_full(exc) else "write failed"
+            raise CheckpointNotWritten(f"{full} at checkpoint {PREFIX}{step:09d} in {self.folder} ({why}){kept}",
                                        "free space there (df -h), or pass another --checkpoint-dir and --resume "
                                        "from a copy") from None
         self._barrier()
