@@ -90,26 +90,12 @@ class LogFile:
                       "without it (the checkpoints are unaffected)")
             self.close()
 
-    def truncate_after(self, step: int) -> None:
-        """Drop the entries after ``step`` (a resumed run writes them again), atomically."""
-        if self.file is None:
-            return
-        self.file.close()
-        self.file = None
-        try:
-            kept = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    if int(json.loads(line)["step"]) <= step:
-                        kept.append(line)
-                except (ValueError, KeyError, TypeError):
-                    continue  # a half-written last line of a killed run
-            with atomic_path(self.path) as tmp:
-                tmp.write_text("".join(f"{line}\n" for line in kept))
-            self.file = open_log(self.path)
-        except (OSError, GpuwiseError) as exc:
-            self.warn(f"warning: cannot rewrite the log {self.path} from step {step}: {exc}; training goes on "
-                      "without it")
+    def resumed(self, step: int) -> None:
+        """A resumed run: one line saying so is appended, and the steps after ``step`` follow again. The log is only
+        ever appended to (it may be shared with another run, or hold the user's own notes); a reader that wants one
+        series takes, for each step, the entry after the last ``resume`` line at or before it."""
+        self.write(json.dumps({"event": "resume", "step": step,
+                               "note": f"resumed from the checkpoint of step {step}: the steps after it follow again"}))
 
     def close(self) -> None:
         if self.file is not None:

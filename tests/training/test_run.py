@@ -289,14 +289,24 @@ def test_all_checkpoints_damaged_offers_the_way_out(tmp_path):
     assert "no usable one" in caught.value.message and "pass --resume" not in caught.value.hint
 
 
-def test_the_log_after_a_resume_is_one_series(capsys, tmp_path):
+def test_a_resume_appends_to_the_log_and_never_rewrites_it(capsys, tmp_path):
+    """Issue 30: a resume rewrote a shared --log (another run's lines and the user's notes deleted, 32 -> 22
+    lines). Now every line before stays, byte for byte; a resume line follows, then the steps trained again."""
     log, ckpts = tmp_path / "log.jsonl", tmp_path / "ckpt"
+    log.write_text("# my notes: lr sweep, run A\n")
     args = [*TINY, "--steps", "4", "--log-every", "1", "--checkpoint-dir", str(ckpts), "--log", str(log)]
     assert run_cli(capsys, *args, "--checkpoint-every", "2")[0] == 0
+    before = log.read_text()
+    with log.open("a") as f:
+        f.write('{"step": 99, "run": "another run sharing the file"}\n')
     shutil.rmtree(ckpts / "step-000000004")  # stopped after step 2's checkpoint; the log went on to 4
     code, _, err = run_cli(capsys, *args, "--resume")
     assert code == 0, err
-    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2, 3, 4]
+    text = log.read_text()
+    assert text.startswith(before + '{"step": 99, "run": "another run sharing the file"}\n')
+    after = [json.loads(line) for line in text[len(before):].splitlines()[1:]]
+    assert after[0]["event"] == "resume" and after[0]["step"] == 2
+    assert [e["step"] for e in after[1:]] == [3, 4]
 
 
 # -- 4. resume without retyping the flags --------------------------------------------------------------------------

@@ -185,7 +185,7 @@ def train(
 
     def on_resume(step: int) -> None:
         if log_file:
-            log_file.truncate_after(step)  # the run goes on from there: one clean series, no repeated steps
+            log_file.resumed(step)  # appended, never rewritten: the log may be shared, or hold the user's notes
 
     def on_event(text: str) -> None:
         if not json_out:
