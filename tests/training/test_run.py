@@ -327,6 +327,47 @@ def test_resume_takes_the_checkpoints_flags_and_names_a_real_conflict(capsys, tm
     assert code == 2 and "--seq 32 here, 16 in the checkpoint" in err and err.count("\n") == 1
 
 
+MODEL_FILE = """import torch
+from torch import nn
+
+
+def build(batch):
+    return nn.Sequential(nn.Linear(8, {width}), nn.ReLU(), nn.Linear({width}, 3)), torch.randn(batch, 8)
+
+
+def data():
+    return [(torch.randn(8), i % 3) for i in range(64)]
+"""
+
+
+def test_a_resume_from_another_folder_trains_the_same_file_and_refuses_a_changed_one(capsys, tmp_path, monkeypatch):
+    """Issue 30: the manifest kept --model/--data as typed (relative), so resuming from another folder silently
+    trained that folder's file (exit 0, another loss). Now they are kept absolute with their SHA-256: the resume
+    finds the first file wherever it runs, and a changed file is refused in one line."""
+    first, other, ck = tmp_path / "a", tmp_path / "b", tmp_path / "ck"
+    first.mkdir()
+    other.mkdir()
+    (first / "m.py").write_text(MODEL_FILE.format(width=16))
+    (other / "m.py").write_text(MODEL_FILE.format(width=64))  # same name, another model
+    args = ["train", "--model", "m.py:build", "--data", "m.py:data", "--batch", "4", "--no-monitor", "--no-auto",
+            "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--json"]
+    monkeypatch.chdir(first)
+    code, out, err = run_cli(capsys, *args, "--steps", "4")
+    assert code == 0, err
+    params = json.loads(out)["params"]
+    shutil.rmtree(ck / "step-000000004")
+    monkeypatch.chdir(other)
+    code, out, err = run_cli(capsys, "train", "--checkpoint-dir", str(ck), "--resume", "--no-monitor", "--no-auto",
+                             "--json")
+    assert code == 0, err
+    resumed = json.loads(out)
+    assert resumed["resumed_from"] == 2 and resumed["params"] == params == 8 * 16 + 16 + 16 * 3 + 3
+    (first / "m.py").write_text(MODEL_FILE.format(width=16) + "# edited\n")
+    shutil.rmtree(ck / "step-000000004")
+    code, _, err = run_cli(capsys, "train", "--checkpoint-dir", str(ck), "--resume", "--no-monitor", "--no-auto")
+    assert code == 2 and f"{first / 'm.py'} changed since the checkpoint" in err and err.count("\n") == 1
+
+
 # -- 5. hints that name the cause ----------------------------------------------------------------------------------
 
 def test_nan_in_the_batch_is_blamed_on_the_data_not_the_learning_rate():

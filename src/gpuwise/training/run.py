@@ -10,6 +10,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuwise.errors import GpuwiseError
@@ -350,14 +351,64 @@ CARRIED = ("steps", "checkpoint_every", "log_every", "eval_every", "checkpointin
 OPTION_FIELDS = ("example", "model", "hf_config", "data", "seq", "image_size", "workers")
 
 
+PATH_FIELDS = ("model", "data", "hf_config")  # settings that name a file of the user's: kept absolute, with its hash
+
+
+def _local_file(spec: object) -> Path | None:
+    """The file a ``--model``/``--data`` (``file.py:function``) or ``--hf-config`` (a path) setting names, where it
+    exists on this machine; None for a Hub id or a built-in name."""
+    if not isinstance(spec, str) or not spec:
+        return None
+    head, sep, _ = spec.rpartition(":")
+    path = Path(head if sep and head.endswith(".py") else spec)
+    return path if path.is_file() else None
+
+
+def _absolute(spec: object) -> object:
+    """A setting with its file made absolute (``examples/x.py:build`` -> ``/home/me/examples/x.py:build``)."""
+    path = _local_file(spec)
+    if path is None:
+        return spec
+    head, sep, tail = str(spec).rpartition(":")
+    return f"{path.resolve()}:{tail}" if sep and head.endswith(".py") else str(path.resolve())
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def saved_settings(opts: TrainOptions, config: TrainConfig) -> dict[str, object]:
-    """What a checkpoint of this run records of its settings (plain JSON values)."""
+    """What a checkpoint of this run records of its settings (plain JSON values). A file of the user's (--model,
+    --data, --hf-config) is kept by its absolute path, and its SHA-256 beside it (``files``): a resume from another
+    folder finds the same file, and a changed one is refused."""
     settings = {name: getattr(opts if name in OPTION_FIELDS else config, name) for name in (*FIXED, *CARRIED)}
+    files = {}
+    for name in PATH_FIELDS:
+        settings[name] = _absolute(settings[name])
+        path = _local_file(settings[name])
+        if path is not None:
+            files[str(path)] = _sha256(path)
+    settings["files"] = files
     builtin = None if opts.model or opts.hf_config is not None else opts.example  # the built-in examples' sizes
     settings["seq"] = opts.seq if opts.seq is not None else TEXT_SEQ if builtin == "text" else None
     settings["image_size"] = opts.image_size if opts.image_size is not None else IMAGE_SIZE \
         if builtin == "image" else None
     return settings
+
+
+def _check_files(saved: dict, folder: object) -> None:
+    """The user's files the checkpoint was trained with are still there and unchanged (by SHA-256)."""
+    for path, digest in (saved.get("files") or {}).items():
+        p = Path(path)
+        if not p.is_file():
+            raise GpuwiseError(f"{path}, which the checkpoint in {folder} was trained with, is gone",
+                               "put it back, or start afresh with another --checkpoint-dir")
+        if _sha256(p) != digest:
+            raise GpuwiseError(f"{path} changed since the checkpoint in {folder} was written: resuming would train "
+                               "another model or data", "restore the file, or start afresh with another "
+                               "--checkpoint-dir")
 
 
 def _flag(name: str, value: object) -> str:
@@ -383,6 +434,7 @@ def resume_options(opts: TrainOptions, given: set[str]) -> tuple[TrainOptions, l
              if name in saved and name not in given and saved[name] != mine[name]}
     if ("model" in taken or "hf_config" in taken) and "example" not in taken:  # the example flag does not apply
         taken.pop("example", None)
+    _check_files(saved, opts.checkpoint_dir)
     option_part = {k: v for k, v in taken.items() if k in OPTION_FIELDS}
     config_part = {k: v for k, v in taken.items() if k not in OPTION_FIELDS}
     try:
