@@ -5,6 +5,7 @@ output."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -432,6 +433,18 @@ def test_waiting_loader_on_a_saturated_host_is_unclear_and_capped_by_the_free_co
     assert ev["loading_cause"] == "unclear" and not ev["loading_waits_on_io"]
     assert ev["loading_cpu_offered"] == pytest.approx(0.05) and ev["workers_cap"] == 0
     assert any(f.startswith("if each batch waits on a disk or network read") and "up to 8" in f for f in d.fix)
+
+
+def test_waiting_loader_on_a_saturated_host_whose_thread_never_waited_for_a_core_is_io():
+    """The same saturated host, and the kernel's run-queue time of the wait says the loop's thread hardly waited
+    for a core (2 ms of a 70 ms wait, under IO_RUNQ_SHARE): it waits on I/O, so workers may exceed the cores."""
+    host = HostSample(cpu_pct=BUSY_2, process_cpu_pct=5.0, workers=0, workers_cpu_pct=0.0)
+    rec = host_steps(30, seconds=0.1, wait=0.07, cpu_in_wait=0.0007, host=host)
+    rec = Record(steps=tuple(replace(s, data_wait_runq_s=0.002) for s in rec.steps), samples=rec.samples)
+    d = judge(rec, Context(device="cpu", usable_cores=2, loader=Loader(num_workers=0)))
+    ev = d.evidence
+    assert ev["loading_cause"] == "io" and ev["loading_waits_on_io"] and "schedstat" in ev["loading_cause_reading"]
+    assert ev["workers_cap"] == 8 and ev["num_workers_new"] == 3
 
 
 def test_cpu_bound_workers_capped_by_the_free_cores_of_a_16_core_host():

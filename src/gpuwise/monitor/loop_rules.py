@@ -27,6 +27,7 @@ from gpuwise.monitor.thresholds import (
     INPUT_RUNQ_SHARE,
     INPUT_WAIT_SHARE,
     IO_CPU_SHARE,
+    IO_RUNQ_SHARE,
     IOWAIT_PCT,
     LAUNCH_COST_S,
     LOADER_MIN_CORE,
@@ -86,8 +87,10 @@ def input_bound(view: Window, earlier: Earlier) -> Judged | None:
     else:
         cpu_share = median([h.workers_cpu_pct / 100 / h.workers for h in view.hosts
                              if h.workers and h.workers_cpu_pct is not None])
+    runq = median([s.data_wait_runq_s / s.data_wait_s for s in steps
+                   if s.data_wait_runq_s is not None and s.data_wait_s > 0]) if w0 == 0 else None
     cause = loader_cause(cpu_share, cores_free(view.hosts, ctx.usable_cores, ctx.world_size), max(1, w0),
-                         main_computes=w0 > 0)
+                         main_computes=w0 > 0, runq_share=runq)
     waits_on_io = cause["loading_cause"] == "io"
     cap = _cap(ctx, cause, waits_on_io=waits_on_io)  # a core stays with each process
     needed = max(1, math.ceil(load / compute - 1e-9))  # workers whose joint rate covers the compute time
@@ -372,7 +375,8 @@ def watch_host(view: Window, earlier: Earlier) -> Judged | None:
     return None, checked
 
 
-def loader_cause(cpu_share: float | None, cores: Cores | None, loaders: int, *, main_computes: bool) -> dict[str, Any]:
+def loader_cause(cpu_share: float | None, cores: Cores | None, loaders: int, *, main_computes: bool,
+                 runq_share: float | None = None) -> dict[str, Any]:
     """Does the loading burn CPU or wait (I/O, a sleep, the network)? ``cpu_share``: what each loader (the main process
     with no workers, else each worker) used, in cores; judged against the CPU each could have had: the cores other
     work leaves free (less the main process's own compute when workers load beside it), shared among the loaders,
@@ -394,7 +398,12 @@ def loader_cause(cpu_share: float | None, cores: Cores | None, loaders: int, *, 
     used = cpu_share / offered
     out["loading_cpu_of_offered"] = rounded(used, 3)
     whom = "each worker" if main_computes else "the process"
-    if used < IO_CPU_SHARE and offered < LOADER_STARVED_CORE:
+    if used < IO_CPU_SHARE and offered < LOADER_STARVED_CORE and runq_share is not None \
+            and runq_share < IO_RUNQ_SHARE:
+        # the kernel's run-queue time settles it: the loop's thread was off the CPU without waiting for a core
+        cause, why = "io", (f"{whom} used {cpu_share:.2f} core and waited for a core only {pct(runq_share)} of the "
+                            "wait (schedstat): it waits on I/O, a sleep or the network, not on the busy cores")
+    elif used < IO_CPU_SHARE and offered < LOADER_STARVED_CORE:
         # off the CPU on a host that leaves it under a core: waiting on I/O and waiting in the run queue look the
         # same in CPU time; the safe side caps the workers by the free cores
         cause, why = "unclear", (f"{whom} used {cpu_share:.2f} of the {offered:.2f} core other work leaves it: it "

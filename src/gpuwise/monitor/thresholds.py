@@ -107,6 +107,10 @@ INPUT_GPU_BUSY_PCT = 90
 # free (Linux schedstat run-queue time), the wait is CPU contention (watch_truth g: a loop reading a list, OMP 1
 # thread, beside a hog on every core was called input-bound), left to the oversubscribed rule.
 INPUT_RUNQ_SHARE = 0.5
+# The other side: a wait off the CPU (its CPU time under IO_CPU_SHARE) whose run-queue time is under a fifth of it
+# waited on I/O, a sleep or the network, even on a host whose cores other work keeps busy (the CPU time alone cannot
+# tell those apart there: tests/monitor/test_real_runs.py's sleeping loader beside a loaded CI box).
+IO_RUNQ_SHARE = 0.2
 
 # Fragmentation: no published share; torch's docs say reserved >> allocated. We call it when a quarter of the pool is
 # reserved above the peak allocation (the caching allocator's rounding to 2 MiB / 20 MiB blocks explains a few %), and
