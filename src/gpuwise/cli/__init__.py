@@ -8,6 +8,7 @@ with ``GPUWISE_DEBUG=1``. Anything else is our bug: exit 3.
 from __future__ import annotations
 
 import contextlib
+import errno
 import inspect
 import os
 import re
@@ -94,13 +95,31 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _quiet_stdout()
         return 128 + signal.SIGPIPE if exc.code == 1 else exc.code
-    except Exception as exc:
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            return _internal(exc, debug)
         if debug:
             traceback.print_exc()
-        print(f"error: internal error: {_one_line(first_line(exc))} "
-              "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
-        return 3
+        _quiet_stdout()  # what is still buffered for the full device would fail again at exit
+        where = f" writing {exc.filename}" if exc.filename else " writing the output"
+        print(f"error: {exc.strerror or 'disk full'}{where} (hint: free space there (df -h), or send the output "
+              "elsewhere)", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        return _internal(exc, debug)
     return result if isinstance(result, int) else 0
+
+
+# A device that refuses the write (`> /dev/full`, a full disk, a quota, `ulimit -f`): the user's environment, exit 2.
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _internal(exc: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    print(f"error: internal error: {_one_line(first_line(exc))} "
+          "(hint: rerun with GPUWISE_DEBUG=1 and report the traceback)", file=sys.stderr)
+    return 3
 
 
 __all__ = ["app", "main"]

@@ -1,0 +1,23 @@
+"""Output that cannot be written is the user's environment, not our bug: exit 2 and one line (issue 30)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("args", [["gpus", "--json"], ["gpus"]], ids=["json", "table"])
+def test_output_to_a_full_device_is_exit_2_with_one_line(args):
+    """Issue 30: `plan --json > /dev/full` was exit 3 "internal error". `gpus` prints without a capture, so the
+    write itself meets the full device, as the plan's does."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "gpuwise", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines == ["error: No space left on device writing the output (hint: free space there (df -h), or send "
+                     "the output elsewhere)"]
