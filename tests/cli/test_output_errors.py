@@ -21,3 +21,13 @@ def test_output_to_a_full_device_is_exit_2_with_one_line(args):
     assert done.returncode == 2, done.stderr
     assert lines == ["error: No space left on device writing the output (hint: free space there (df -h), or send "
                      "the output elsewhere)"]
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "wide"])
+def test_a_columns_that_is_no_width_prints_as_if_unset(columns):
+    """Issue 30: `COLUMNS=0 gpuwise gpus` printed nothing and exited 0 (rich took a width of 0)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    runs = {c: subprocess.run([sys.executable, "-m", "gpuwise", "gpus"], capture_output=True, text=True, timeout=120,
+                              env={**env, "COLUMNS": c}) for c in (columns, "80")}
+    assert runs[columns].returncode == 0 and runs[columns].stdout == runs["80"].stdout
+    assert "gpuwise hardware catalog" in runs[columns].stdout

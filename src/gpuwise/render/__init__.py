@@ -6,6 +6,7 @@ Every command hands its result to ``emit``, which picks the table or the JSON vi
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -90,8 +91,23 @@ def _views() -> dict[str, tuple[Any, Any]]:
     }
 
 
+DEFAULT_WIDTH = 80  # rich's own width when stdout is not a terminal
+
+
 class _Console(Console):
-    """rich exits 1 when the pipe it prints into closes; the CLI decides the exit code (141, as cat gets)."""
+    """rich exits 1 when the pipe it prints into closes; the CLI decides the exit code (141, as cat gets). A
+    ``COLUMNS`` that is no width (0, negative, not a number) is taken as unset: rich would print nothing at 0."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        raw = os.environ.get("COLUMNS")
+        if raw is not None and "width" not in kwargs:
+            try:
+                bad = int(raw) <= 0
+            except ValueError:
+                bad = True
+            if bad:
+                kwargs["width"] = DEFAULT_WIDTH
+        super().__init__(**kwargs)
 
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError
