@@ -33,11 +33,15 @@ def test_prices_file_is_read_by_any_catalog_name_with_its_date(tmp_path):
     ("gpu,rent_usd_per_hour\nrtx-4090,cheap\n", "line 2: rent_usd_per_hour 'cheap' is not a positive number"),
     ("gpu,buy_usd,date\nrtx-4090,1500,last week\n", "line 2: date 'last week' is not YYYY-MM-DD"),
     ("", "the first line must be"),
+    # issue 30: a decimal comma read as $99 silently; now refused, either way it splits
+    ("gpu,rent_usd_per_hour,buy_usd\nh100,2,99\n", "line 2: buying h100-sxm for $99 costs less than 100 hours of "
+                                                    "its rent ($2/h): a decimal comma"),
+    ("gpu,rent_usd_per_hour,buy_usd\nrtx-4090,0,69,1599\n", "line 2: 4 cells for the header's 3 columns"),
 ])
 def test_a_malformed_prices_file_is_one_line_naming_the_line(tmp_path, text, message):
     f = tmp_path / "p.csv"
     f.write_text(text)
-    with pytest.raises(GpuwiseError, match=message.replace("(", r"\(")):
+    with pytest.raises(GpuwiseError, match=re.escape(message)):
         read_prices(f)
 
 

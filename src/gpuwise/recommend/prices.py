@@ -166,6 +166,10 @@ def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[
     for line, row in enumerate(rows[1:], start=2):
         if not any(cell.strip() for cell in row):
             continue
+        if len([c for c in row if c.strip()]) > len(header):
+            raise GpuwiseError(f"--prices {path} line {line}: {len(row)} cells for the header's {len(header)} "
+                               f"columns ({','.join(row)}): a decimal comma?",
+                               "write prices with a decimal point (1.99), or quote them (\"1,99\")")
         cells = dict(zip(header, (cell.strip() for cell in row), strict=False))
         acc = catalog.find(cells.get("gpu", ""))
         if acc is None:
@@ -187,4 +191,14 @@ def read_prices(path: str | Path, catalog: Catalog | None = None) -> tuple[dict[
                 raise GpuwiseError(f"--prices {path} line {line}: {column} {value!r} is not a positive number",
                                    "write plain dollars, e.g. 1.99")
             into[acc.key] = Price(usd=usd, source=f"your quote ({p.name})", date=date)
+        if acc.key in rent and acc.key in buy and buy[acc.key].usd < MIN_BUY_RENT_HOURS * rent[acc.key].usd:
+            r, b = rent[acc.key].usd, buy[acc.key].usd
+            raise GpuwiseError(f"--prices {path} line {line}: buying {acc.key} for ${b:g} costs less than "
+                               f"{MIN_BUY_RENT_HOURS} hours of its rent (${r:g}/h): a decimal comma split the rent "
+                               f"({r:g},{b:g})?", "write prices with a decimal point (1.99), or quote them (\"1,99\")")
     return rent, buy
+
+
+# A purchase price under this many hours of the same GPU's rent is not a price anyone quotes (cloud rent recovers a
+# GPU's price in ~1-2 years of use: 9,000-18,000 hours); it is what "h100,2,99" gives when 2,99 meant 2.99 an hour.
+MIN_BUY_RENT_HOURS = 100
