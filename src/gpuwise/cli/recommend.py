@@ -316,12 +316,21 @@ def _progress(text: str, fmt: str):
 
 
 def _show(result, plot: str | None, fmt: str) -> None:
+    """Print the ranking; an empty one also says so in a line on stderr and exits 1 (nothing to recommend is a check
+    that failed, not a result to act on)."""
+    import sys
+
     from gpuwise import render
 
     render.emit(result, format=fmt)
-    if plot is not None:  # after the table: a path we cannot write loses nothing
+    if plot is not None and getattr(result, "rows", True):  # after the table: a path we cannot write loses nothing
         from gpuwise.plot import plot_recommend
 
         plot_recommend(result, plot)
         if fmt == "table":
             print(f"time against cost drawn to {plot}")
+    if hasattr(result, "rows") and not result.rows:
+        left = len(getattr(result, "excluded", ()))
+        print(f"no option fits: {left} GPU option(s) left out, each with its reason above" if left else
+              "no option fits: no catalog GPU passed the filters", file=sys.stderr)
+        raise typer.Exit(1)
