@@ -8,6 +8,7 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import signal
 
@@ -366,6 +367,18 @@ def test_a_resume_from_another_folder_trains_the_same_file_and_refuses_a_changed
     shutil.rmtree(ck / "step-000000004")
     code, _, err = run_cli(capsys, "train", "--checkpoint-dir", str(ck), "--resume", "--no-monitor", "--no-auto")
     assert code == 2 and f"{first / 'm.py'} changed since the checkpoint" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("out_shape", "y_shape", "says"), [((4, 1), (4,), "(B, 1) against (B,) into (B, B)"),
+                                                          ((4, 3), (4,), "differ in size")])
+def test_a_float_target_of_another_shape_than_the_output_is_refused(out_shape, y_shape, says):
+    """Issue 30: a (B, 1) output against (B,) float targets broadcast MSE to (B, B) (the loss rose; only a PyTorch
+    UserWarning). Now one line before the first step, naming both shapes."""
+    model = nn.Linear(8, out_shape[1])
+    with pytest.raises(GpuwiseError, match=re.escape(says)) as caught:
+        default_loss(model, torch.randn(out_shape[0], 8), torch.randn(*y_shape))
+    assert f"{out_shape}" in caught.value.message and f"{y_shape}" in caught.value.message
+    assert default_loss(model, torch.randn(4, 8), torch.randn(*out_shape)).dim() == 0  # the same shape trains
 
 
 # -- 5. hints that name the cause ----------------------------------------------------------------------------------

@@ -47,6 +47,15 @@ def default_loss(model: nn.Module, x: Any, y: Any) -> torch.Tensor:
         return out if out.dim() == 0 else out.float().square().mean()
     if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
         return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+    if out.shape != y.shape:
+        if out.numel() != y.numel():
+            raise GpuwiseError(f"the model's output {tuple(out.shape)} and the float targets {tuple(y.shape)} "
+                               "differ in size: MSE would broadcast them into a matrix and train on the wrong pairs",
+                               "make the output the targets' shape (a regression head of 1 output: "
+                               "out.squeeze(-1)), or return the loss from the model")
+        raise GpuwiseError(f"the model's output {tuple(out.shape)} and the float targets {tuple(y.shape)} have the "
+                           "same values but not the same shape: MSE would broadcast (B, 1) against (B,) into (B, B)",
+                           "squeeze or reshape one to the other's shape (out.squeeze(-1), or y.unsqueeze(-1))")
     return nn.functional.mse_loss(out.float(), y.float())
 
 
