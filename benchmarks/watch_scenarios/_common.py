@@ -54,6 +54,22 @@ def report(mon) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def monitored(trainer, loader, steps: int, batch: int):
+    """Train ``steps`` batches of ``loader`` under a Monitor (its loader and step hooks); the monitor and the wall
+    seconds the loop took."""
+    from gpuwise import Monitor
+
+    with Monitor(interval_s=0.5) as mon:
+        clock = Clock()
+        for i, (x, y) in enumerate(mon.loader(loader)):
+            trainer.step(x, y)
+            mon.step(items=batch)
+            if i + 1 == steps:
+                break
+        wall = clock.seconds()
+    return mon, wall
+
+
 def emit(**fields) -> None:
     print(MARK + json.dumps(fields, default=str), flush=True)
 

@@ -11,9 +11,8 @@ import argparse
 import time
 
 import torch
-from _common import Clock, Trainer, diagnosis, emit, mlp
+from _common import Trainer, diagnosis, emit, mlp, monitored
 
-from gpuwise import Monitor
 from gpuwise.environment import usable_cores
 
 BATCH, WIDTH = 16, 64
@@ -44,14 +43,7 @@ def main() -> None:
     trainer = Trainer(mlp(WIDTH, 2))
     data = Burn()
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=0)
-    with Monitor(interval_s=0.5) as mon:
-        clock = Clock()
-        for i, (x, y) in enumerate(mon.loader(loader)):
-            trainer.step(x, y)
-            mon.step(items=BATCH)
-            if i + 1 == args.steps:
-                break
-        wall = clock.seconds()
+    mon, wall = monitored(trainer, loader, args.steps, BATCH)
     emit(steps=args.steps, wall_s=wall, item_cpu_ms=1e3 * data.cpu_s / (BATCH * args.steps),
          loader_cpu_share=data.cpu_s / wall, usable_cores=usable_cores(), diagnosis=diagnosis(mon))
 

@@ -11,7 +11,7 @@ import argparse
 import time
 
 import torch
-from _common import Clock, Trainer, diagnosis, emit, mlp
+from _common import Clock, Trainer, diagnosis, emit, mlp, monitored
 
 SLEEP_S = 0.005  # a 5 ms read per item (issue 29)
 BATCH = 8
@@ -49,16 +49,7 @@ def main() -> None:
                 break
         emit(seconds=clock.seconds(), steps=args.steps, slept_share=data.slept_s / clock.seconds())
         return
-    from gpuwise import Monitor
-
-    with Monitor(interval_s=0.5) as mon:
-        clock = Clock()
-        for i, (x, y) in enumerate(mon.loader(loader)):
-            trainer.step(x, y)
-            mon.step(items=BATCH)
-            if i + 1 == args.steps:
-                break
-        wall = clock.seconds()
+    mon, wall = monitored(trainer, loader, args.steps, BATCH)
     emit(seconds=wall, steps=args.steps, slept_share=data.slept_s / wall, diagnosis=diagnosis(mon))
 
 

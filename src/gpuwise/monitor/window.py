@@ -116,7 +116,7 @@ def device_total(view: Window) -> float | None:
     holding the process's memory), never the whole GPU's."""
     if view.context.memory_total_bytes:
         return view.context.memory_total_bytes
-    mig = [d for d in view.devices if getattr(d, "mig", None) is not None]
+    mig = [d for d in view.devices if d.mig is not None]
     sized = [d for d in mig if d.process_memory_bytes] or mig or list(view.devices)
     return median([d.memory_total_bytes for d in sized if d.memory_total_bytes])
 

@@ -373,24 +373,20 @@ def _absolute(spec: object) -> object:
     return f"{path.resolve()}:{tail}" if sep and head.endswith(".py") else str(path.resolve())
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def saved_settings(opts: TrainOptions, config: TrainConfig) -> dict[str, object]:
     """What a checkpoint of this run records of its settings (plain JSON values). A file of the user's (--model,
     --data, --hf-config) is kept by its absolute path, and its SHA-256 beside it (``files``): a resume from another
     folder finds the same file, and a changed one is refused."""
     settings = {name: getattr(opts if name in OPTION_FIELDS else config, name) for name in (*FIXED, *CARRIED)}
+    from gpuwise.training.checkpoint import _sha256
+
     files = {}
     for name in PATH_FIELDS:
         settings[name] = _absolute(settings[name])
         path = _local_file(settings[name])
         if path is not None:
             files[str(path)] = _sha256(path)
-    settings["files"] = files
+    settings["files"] = files  # hashed as the checkpoint manifest hashes its own files
     builtin = None if opts.model or opts.hf_config is not None else opts.example  # the built-in examples' sizes
     settings["seq"] = opts.seq if opts.seq is not None else TEXT_SEQ if builtin == "text" else None
     settings["image_size"] = opts.image_size if opts.image_size is not None else IMAGE_SIZE \
@@ -400,6 +396,7 @@ def saved_settings(opts: TrainOptions, config: TrainConfig) -> dict[str, object]
 
 def _check_files(saved: dict, folder: object) -> None:
     """The user's files the checkpoint was trained with are still there and unchanged (by SHA-256)."""
+    from gpuwise.training.checkpoint import _sha256
     for path, digest in (saved.get("files") or {}).items():
         p = Path(path)
         if not p.is_file():
