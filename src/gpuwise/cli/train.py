@@ -92,6 +92,10 @@ def train(
     workers: Annotated[int | None, typer.Option(
         help="DataLoader workers for --data [doctor's advice: the cores each process gets, less one].")
                        ] = None,
+    data_timeout: Annotated[float | None, typer.Option(
+        envvar="GPUWISE_DATA_TIMEOUT", metavar="SECONDS",
+        help="Stop with an error when --data's function, or one batch of its Dataset, keeps the run waiting this "
+             "long; either way a line says what the run waits for after 30 s [no bound].")] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps [at the end]."
                                                    )] = None,
     log_every: Annotated[int | None, typer.Option(help="Steps between log lines "
@@ -155,6 +159,7 @@ def train(
                            device=device, gpus=n_gpus, fused=fused, workers=workers, checkpoint_dir=checkpoint_dir,
                            resume=resume, lora_rank=lora_rank, qlora=qlora, lora_targets=lora_targets,
                            lora_dropout=lora_dropout, qlora_recipe=qlora_recipe, config=config, monitor=monitor,
+                           data_timeout=data_timeout,
                            **{k: v for k, v in chosen.items() if v is not None})
     if fix_input and not monitor:
         raise GpuwiseError("--fix-input needs the monitor's diagnosis", "drop --no-monitor")
@@ -173,7 +178,7 @@ def train(
                             "seq": seq, "image_size": image_size, "workers": workers}.items() if v is not None}
     options, notes = resume_options(options, typed)
     config = options.config
-    console = Console(stderr=True, highlight=False)
+    console = render.terminal(stderr=True)
     progress = render.TrainProgress(console, live=sys.stderr.isatty() and not json_out, total=config.steps)
     log_file = LogFile(log, warn=progress.note) if log else None
 

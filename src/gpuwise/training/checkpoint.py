@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,54 @@ from gpuwise.training.config import not_a_folder
 
 PREFIX = "step-"
 MANIFEST = "manifest.json"
+
+
+MANIFEST_LIMIT = 64 << 20  # bytes: ours are a few KiB (a name, size and checksum per file, the run's settings)
+STEP_LIMIT = 1 << 31  # TrainConfig's --steps bound: a manifest step above it (or not a whole number) is garbage
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of the checkpoint folder ``path``, or ``DamagedCheckpoint`` saying why not.
+
+    Only a regular file is read: a FIFO planted under the name blocked the read forever, and a device
+    (``/dev/zero`` by a symlink) never ends. It is checked before opening, then again on the open descriptor
+    (opened non-blocking, so a FIFO swapped in between is not waited on either)."""
+    file = path / MANIFEST
+    try:
+        mode = os.stat(file).st_mode
+        if stat.S_ISREG(mode):
+            with os.fdopen(os.open(file, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                info = os.fstat(f.fileno())
+                mode = info.st_mode
+                if stat.S_ISREG(mode) and info.st_size > MANIFEST_LIMIT:
+                    raise DamagedCheckpoint(f"{path.name}: {MANIFEST} holds {info.st_size} bytes, not a manifest")
+                manifest = json.loads(f.read()) if stat.S_ISREG(mode) else None
+        if not stat.S_ISREG(mode):
+            raise DamagedCheckpoint(f"{path.name}: {MANIFEST} is {_file_kind(mode)}, not a file")
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting recurses
+        raise DamagedCheckpoint(f"{path.name}: no readable manifest ({type(exc).__name__})") from None
+    if not isinstance(manifest, dict):
+        raise DamagedCheckpoint(f"{path.name}: no readable manifest (a JSON {type(manifest).__name__})")
+    return manifest
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def step_of(path: Path, manifest: dict[str, Any]) -> int:
+    """The manifest's step, a whole number in 0..STEP_LIMIT; else ``DamagedCheckpoint`` naming the value
+    (``"step": Infinity`` is valid JSON to Python, and ``int(inf)`` raised OverflowError: exit 3)."""
+    step = manifest.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= STEP_LIMIT:
+        shown = json.dumps(step) if isinstance(step, (int, float, str, type(None))) else type(step).__name__
+        raise DamagedCheckpoint(f"{path.name}: the manifest's step is {shown[:40]}, not a step number")
+    return step
 
 
 @dataclass(frozen=True)
@@ -184,11 +233,12 @@ def commit(folder: Path, step: int, tmp: Path, *, fingerprint: str, keep: int, e
 
 def _verify(path: Path) -> Checkpoint:
     """The checkpoint in ``path`` if its manifest lists every file with the right size and checksum."""
+    manifest = read_manifest(path)
+    step = step_of(path, manifest)
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
         files = {str(name): (int(meta["bytes"]), str(meta["sha256"])) for name, meta in manifest["files"].items()}
-        step, fingerprint = int(manifest["step"]), str(manifest["fingerprint"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        fingerprint = str(manifest["fingerprint"])
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # "bytes": Infinity overflows
         raise DamagedCheckpoint(f"{path.name}: no readable manifest ({type(exc).__name__})") from None
     needed = ("state.pt", "dcp/.metadata") if manifest.get("format") == "dcp" else ("state.pt", "model.safetensors")
     for name in needed:
@@ -220,10 +270,10 @@ def steps_in(folder: Path) -> list[Path]:
 
 
 def manifest_step(path: Path) -> int | None:
-    """The step ``path``'s manifest holds (no checksums read), None without a readable manifest."""
+    """The step ``path``'s manifest holds (no checksums read), None without a readable manifest or step."""
     try:
-        return int(json.loads((path / MANIFEST).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return step_of(path, read_manifest(path))
+    except DamagedCheckpoint:
         return None
 
 
@@ -252,9 +302,11 @@ def saved_run(folder: str | os.PathLike) -> dict[str, Any] | None:
     """The settings the newest readable checkpoint's run was started with (``run`` in its manifest), or None."""
     for path in sorted(steps_in(Path(folder)), key=lambda p: manifest_step(p) or -1, reverse=True):
         try:
-            run = json.loads((path / MANIFEST).read_text()).get("run")
-        except (OSError, ValueError, AttributeError):
+            manifest = read_manifest(path)
+            step_of(path, manifest)  # one with no step is passed over by the resume too: its settings are not used
+        except DamagedCheckpoint:
             continue
+        run = manifest.get("run")
         if isinstance(run, dict):
             return run
     return None
@@ -274,7 +326,7 @@ def check_identity(ckpt: Checkpoint, identity: dict[str, Any]) -> None:
     """Refuse a checkpoint of another model or run, naming the first difference."""
     if ckpt.fingerprint == fingerprint_of(identity):
         return
-    saved = json.loads((ckpt.path / MANIFEST).read_text()).get("identity") or {}
+    saved = _manifest(ckpt).get("identity") or {}
     hint = "point --checkpoint-dir at this run's folder, or start afresh without --resume"
     mine, theirs = identity.get("model", {}), saved.get("model", {})
     for name in mine:
@@ -299,7 +351,7 @@ def load(ckpt: Checkpoint, *, fingerprint: str | None = None) -> tuple[dict[str,
     if fingerprint is not None and ckpt.fingerprint != fingerprint:
         raise GpuwiseError(f"{ckpt.path} was written by another model or config ({ckpt.fingerprint[:12]} here "
                            f"{fingerprint[:12]})", "point --checkpoint-dir at this run's folder, or start afresh")
-    manifest = json.loads((ckpt.path / MANIFEST).read_text())
+    manifest = _manifest(ckpt)
     if manifest.get("format") == "dcp":
         raise GpuwiseError(f"{ckpt.path} holds sharded weights (written under --sharding fsdp)",
                            "resume it with torchrun and --sharding fsdp")
@@ -323,7 +375,16 @@ def load_state(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def is_sharded(ckpt: Checkpoint) -> bool:
-    return json.loads((ckpt.path / MANIFEST).read_text()).get("format") == "dcp"
+    return _manifest(ckpt).get("format") == "dcp"
+
+
+def _manifest(ckpt: Checkpoint) -> dict[str, Any]:
+    """The manifest of a checkpoint that verified; replaced since (another process), a one-line error."""
+    try:
+        return read_manifest(ckpt.path)
+    except DamagedCheckpoint as exc:
+        raise GpuwiseError(f"{exc} (it changed after it was verified)", "run again; if it persists, "
+                           "start afresh with another --checkpoint-dir") from None
 
 
 def identity(model: torch.nn.Module, config: Any, world_size: int = 1) -> dict[str, Any]:

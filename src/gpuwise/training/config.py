@@ -171,6 +171,7 @@ class TrainOptions:
     lora_dropout: float | None = None  # plan only (finetune-lora)
     qlora_recipe: str | None = None  # plan only (finetune-lora)
     monitor: bool = True  # gpuwise.Monitor samples the run and the summary carries its diagnosis
+    data_timeout: float | None = None  # seconds --data's function, or a batch, may keep the run waiting (None: ever)
     config: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
@@ -194,6 +195,9 @@ class TrainOptions:
         if self.workers is not None and self.workers < 0:
             raise GpuwiseError(f"--workers {self.workers} is negative",
                                "pass 0 (load in the training process) or a number of worker processes")
+        if self.data_timeout is not None and not 0 < self.data_timeout < math.inf:  # nan fails both
+            raise GpuwiseError(f"--data-timeout {self.data_timeout:g} is not a positive number of seconds",
+                               "pass e.g. --data-timeout 600, or leave it out to wait as long as it takes")
         if self.resume and not self.checkpoint_dir:
             raise GpuwiseError("--resume needs a checkpoint folder", "pass --checkpoint-dir DIR")
         if self.checkpoint_dir is not None:

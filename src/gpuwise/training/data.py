@@ -14,6 +14,8 @@ Either way :func:`stream` yields, from a given step on, this process's share of 
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 from gpuwise.compat import warm_cpu_vml
-from gpuwise.errors import GpuwiseError
+from gpuwise.errors import GpuwiseError, first_line
 
 
 @dataclass(frozen=True)
@@ -172,11 +174,13 @@ class DatasetBatches:
     dataset: torch.utils.data.Dataset
     seed: int = 1337
     workers: int = 0
+    length: int = field(init=False, default=0)  # len(dataset), read once and checked (dataset_length)
 
     def __post_init__(self) -> None:
         if not hasattr(self.dataset, "__len__") or not hasattr(self.dataset, "__getitem__"):
             raise GpuwiseError(f"--data returned {type(self.dataset).__name__}, not a map-style Dataset",
                                "return a torch.utils.data.Dataset with __len__ and __getitem__")
+        self.length = dataset_length(self.dataset)
 
     def loader_settings(self, *, pin: bool):
         """How ``stream`` loads (the monitor's diagnosis suggests changes to these)."""
@@ -186,15 +190,50 @@ class DatasetBatches:
                       persistent_workers=False if self.workers else None)
 
     def stream(self, start: int, steps: int, batch: int, rank: int, world_size: int, pin: bool) -> Iterator:
-        sampler = StepSampler(len(self.dataset), batch, seed=self.seed, start=start, steps=steps, rank=rank,
+        sampler = StepSampler(self.length, batch, seed=self.seed, start=start, steps=steps, rank=rank,
                               world_size=world_size)
         # its own generator: the workers' base seed must not come from (and advance) the global RNG, which the
         # checkpoint saves and a resumed run restores
         loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=sampler, num_workers=self.workers,
                                              pin_memory=pin, persistent_workers=False, worker_init_fn=_warm_worker,
                                              generator=torch.Generator().manual_seed(self.seed + start))
-        for collated in loader:
-            yield _split_item(collated)
+        batches = iter(loader)
+        try:
+            for collated in batches:
+                yield _split_item(collated)
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):  # not a run that simply stopped reading
+                _stop_workers(batches)
+            raise
+
+
+def _stop_workers(batches: Any) -> None:
+    """End a DataLoader's worker processes now: after a --data-timeout (or a second Ctrl-C) a worker stuck in
+    ``__getitem__`` heeds no shutdown message, and the DataLoader waits 5 s on each before it kills it."""
+    for worker in getattr(batches, "_workers", ()):  # the multiprocessing iterator's (torch keeps the name)
+        with contextlib.suppress(Exception):
+            worker.terminate()
+
+
+def dataset_length(dataset: Any) -> int:
+    """``len(dataset)``, checked: a ``__len__`` that raises, or returns a negative number, a float or anything but a
+    whole number, is the user's to fix in one line (``len()`` itself raised ValueError or TypeError: exit 3)."""
+    name = type(dataset).__name__
+    hint = "make __len__ return the number of items, a whole number >= 1 (e.g. return len(self.items))"
+    try:
+        raw = type(dataset).__len__(dataset)
+    except SystemExit as exc:
+        raise GpuwiseError(f"{name}.__len__() called sys.exit({exc.code})", hint) from None
+    except Exception as exc:
+        raise GpuwiseError(f"{name}.__len__() raised {first_line(exc)}", hint) from exc
+    try:
+        length = operator.index(raw)  # an int, a NumPy integer or a 0-d integer tensor; never a float
+    except TypeError:
+        length = None
+    if length is None or isinstance(raw, bool) or length < 0:
+        shown = repr(raw) if isinstance(raw, (int, float, str, type(None))) else type(raw).__name__
+        raise GpuwiseError(f"{name}.__len__() returned {shown[:40]}, not a number of items", hint)
+    return length
 
 
 def _warm_worker(worker_id: int) -> None:
@@ -272,7 +311,7 @@ def small_dataset_note(data: Any, batch: int) -> str | None:
     (a one-item Dataset was read 8 times a step at --batch 8, silently)."""
     if not isinstance(data, DatasetBatches):
         return None
-    n = len(data.dataset)
+    n = data.length
     if n == 0 or n >= batch:
         return None
     items = "1 item" if n == 1 else f"{n} items"

@@ -108,7 +108,7 @@ def prepare(opts: TrainOptions, ranks: Ranks, machine: LocalMachine) -> Prepared
     return Prepared(target=target, config=config)
 
 
-def _task(opts: TrainOptions, batch: int, seed: int, gpus_here: int):
+def _task(opts: TrainOptions, batch: int, seed: int, gpus_here: int, say=None):
     from gpuwise.training import tasks
 
     if opts.config.loss != "standard" and (opts.model or opts.hf_config is not None or opts.example != "text"):
@@ -122,11 +122,12 @@ def _task(opts: TrainOptions, batch: int, seed: int, gpus_here: int):
         if opts.image_size is not None:
             raise GpuwiseError("--image-size applies to --example image", "drop --image-size (an image model of "
                                "--hf-config takes the image size of its config)")
-        return tasks.hf_task(opts.hf_config, opts.data, opts.seq, batch, seed, workers)
+        return tasks.hf_task(opts.hf_config, opts.data, opts.seq, batch, seed, workers, say=say,
+                             data_timeout=opts.data_timeout)
     if opts.model:
         if opts.seq is not None or opts.image_size is not None:
             raise GpuwiseError("--seq and --image-size do not apply to --model", "size the data in your functions")
-        return tasks.file_task(opts.model, opts.data, batch, seed, workers)
+        return tasks.file_task(opts.model, opts.data, batch, seed, workers, say=say, data_timeout=opts.data_timeout)
     if opts.example == "text":
         if opts.image_size is not None:
             raise GpuwiseError("--image-size applies to --example image",
@@ -190,7 +191,7 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
     say = (lambda text: on_event(text)) if on_event and ranks.main else (lambda text: None)
     if config.sharding == "fsdp" and world == 1:
         say("--sharding fsdp with one process shards nothing: training unsharded (run it under torchrun)")
-    task = _task(opts, config.batch, config.seed, ranks.local_world_size if target.gpu else 0)
+    task = _task(opts, config.batch, config.seed, ranks.local_world_size if target.gpu else 0, say=say)
     free = None
     if opts.auto:
         import psutil
@@ -221,7 +222,8 @@ def _run(opts: TrainOptions, prepared: Prepared, ranks: Ranks, on_log, on_event,
 
         monitor = Monitor(device=name, gpus=target.gpu)  # every rank: DDP's timing hook must be on all of them
     runtime = Runtime(device=target, ranks=ranks, checkpoint_dir=opts.checkpoint_dir, plan=plan, on_log=on_log,
-                      on_event=on_event, monitor=monitor, on_resume=on_resume, run=saved_settings(opts, config))
+                      on_event=on_event, monitor=monitor, on_resume=on_resume, run=saved_settings(opts, config),
+                      data_timeout=opts.data_timeout)
     if config.compile:
         say("compiling the model (torch.compile): the first steps are slow; compiled kernels may round differently "
             "from eager ones, so a resume matches the run bit for bit in eager mode only")

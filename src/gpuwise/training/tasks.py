@@ -103,9 +103,11 @@ def image_task(image_size: int, seed: int) -> Task:
                 source=FunctionSource(name="small-cnn", fn=example), unit="samples")
 
 
-def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, workers: int) -> Task:
+def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, workers: int, *,
+              say: Callable[[str], None] | None = None, data_timeout: float | None = None) -> Task:
     """``function(batch_size)`` returns ``(model, inputs)`` as for ``gpuwise plan``; ``--data``'s function
-    returns a Dataset of ``(input, target)`` items (or ``(train, val)`` Datasets)."""
+    returns a Dataset of ``(input, target)`` items (or ``(train, val)`` Datasets): ``say`` hears a line while it
+    keeps the run waiting, ``data_timeout`` bounds the wait (``waiting.Watchdog``)."""
     from gpuwise.planning.sources.file import FileSource, call_model_function
 
     path, name = file_function(model_spec, "--model")
@@ -121,7 +123,7 @@ def file_task(model_spec: str, data_spec: str | None, batch: int, seed: int, wor
             _, inputs = build_real(batch)
         data, eval_data = Fixed(inputs), None
     else:
-        data, eval_data = _user_data(data_spec, seed, workers)
+        data, eval_data = _user_data(data_spec, seed, workers, say=say, timeout=data_timeout)
 
     def build() -> nn.Module:
         model, _ = build_real(1)
@@ -143,7 +145,8 @@ class FixedLabelled:
         return self.inputs, self.labels
 
 
-def hf_task(hf_config: str, data_spec: str | None, seq: int | None, batch: int, seed: int, workers: int) -> Task:
+def hf_task(hf_config: str, data_spec: str | None, seq: int | None, batch: int, seed: int, workers: int, *,
+            say: Callable[[str], None] | None = None, data_timeout: float | None = None) -> Task:
     """transformers' model of ``--hf-config`` (a config.json, a folder, a checkpoint file or a Hub id), built for
     real with random weights as ``gpuwise plan --hf-config`` builds it (the class config.json names, the same
     attention), and trained with its own loss: on ``--data``'s Dataset, else on one batch of random inputs fixed by
@@ -193,7 +196,7 @@ def hf_task(hf_config: str, data_spec: str | None, seq: int | None, batch: int, 
         data, eval_data = FixedLabelled(inputs={main: real(example.inputs[0], main)}, labels=labels), None
         unit = "tokens" if tokens and labels.dim() > 1 else "samples"  # what the Trainer counts: labels' elements
     else:
-        data, eval_data = _user_data(data_spec, seed, workers)
+        data, eval_data = _user_data(data_spec, seed, workers, say=say, timeout=data_timeout)
         unit = "samples"
 
     def build() -> nn.Module:
@@ -220,14 +223,21 @@ def hf_loss(main: str) -> LossFn:
     return loss
 
 
-def _user_data(data_spec: str, seed: int, workers: int) -> tuple[DatasetBatches, DatasetBatches | None]:
-    """``--data file.py:function``: the training Dataset it returns, and the held-out one if it returns two."""
+def _user_data(data_spec: str, seed: int, workers: int, *, say: Callable[[str], None] | None = None,
+               timeout: float | None = None) -> tuple[DatasetBatches, DatasetBatches | None]:
+    """``--data file.py:function``: the training Dataset it returns, and the held-out one if it returns two. A
+    function that keeps the run waiting is said to (``say``), and stopped after ``timeout`` seconds if given."""
     from gpuwise.planning.sources.file import FileSource
+    from gpuwise.training.waiting import Watchdog
 
     data_path, data_name = file_function(data_spec, "--data")
     data_fn = _no_exit(FileSource(path=data_path, function=data_name).load, f"importing {data_path.name}")
+    called = f"{data_path.name}:{data_name}()"
     try:
-        made = _no_exit(data_fn, f"{data_path.name}:{data_name}()")
+        with Watchdog(say, timeout) as dog, dog.waiting(lambda: f"{called} to return",
+                                                       "the function should build the Dataset and return it: "
+                                                       "download or preprocess once, outside it"):
+            made = _no_exit(data_fn, called)
     except GpuwiseError:
         raise
     except Exception as exc:

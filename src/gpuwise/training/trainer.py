@@ -39,6 +39,7 @@ from gpuwise.training.interrupt import Interrupted, StopFlag
 from gpuwise.training.loss import LossFn, default_loss, non_finite_loss, scalar
 from gpuwise.training.meter import Meter
 from gpuwise.training.parallelize import batchnorm_note, gradient_sync, parallelize
+from gpuwise.training.waiting import Watchdog
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:
@@ -94,10 +95,15 @@ class Runtime:
     monitor: Any = None  # a started gpuwise.Monitor: every step's timings go to it (monitor.sampler)
     on_resume: Callable[[int], None] | None = None  # hears the step a resumed run continues from
     run: dict[str, Any] | None = None  # the run's settings, kept in each checkpoint so --resume need not repeat them
+    data_timeout: float | None = None  # seconds a batch may take to come before the run stops (None: no bound)
 
 
 def cosine_with_warmup(config: TrainConfig) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up, then cosine down to min_lr_ratio at the last step (nanoGPT's schedule)."""
+    """LR multiplier: linear warm-up, then cosine down to min_lr_ratio at the last step (nanoGPT's schedule).
+
+    A resumed run follows the schedule of its own ``config``, from the step it resumes at: with a larger
+    ``steps`` every step's LR is the one an uninterrupted run with that ``steps`` computes at that step (its
+    warm-up included, which a default warm-up of a tenth of the run lengthens), not the old schedule's."""
 
     def factor(step: int) -> float:
         warmup = config.warmup
@@ -126,6 +132,7 @@ class Trainer:
             raise GpuwiseError(f"{type(model).__name__} has no trainable parameters (it has "
                                f"{sum(1 for _ in model.parameters())} parameters, none with requires_grad)",
                                "return a model with parameters to train from --model's function")
+        untrained = _not_in_optimizer(model, optimizer)  # before parallelize: FSDP2 rebuilds it by parameter name
         self.checkpointer = None if runtime.checkpoint_dir is None else ckpt.Checkpointer(
             runtime.checkpoint_dir, identity=ckpt.identity(model, config, self.ranks.world_size), ranks=self.ranks,
             sharded=sharded, keep=config.keep, run=runtime.run)
@@ -146,7 +153,7 @@ class Trainer:
         self.retried = False  # an OOM is retried once per run
         self.events: list[str] = []
         self.stop = StopFlag()
-        for note in (batchnorm_note(model, micro_batch=self.micro_batch, per_rank=self.per_rank,
+        for note in (untrained, batchnorm_note(model, micro_batch=self.micro_batch, per_rank=self.per_rank,
                                     world_size=self.ranks.world_size, synced=config.sync_batchnorm),
                      small_dataset_note(self.data, config.batch)):
             if note:
@@ -170,7 +177,10 @@ class Trainer:
 
     def fit(self, *, resume: bool = False) -> TrainResult:
         """Train to ``config.steps`` (from the newest good checkpoint with ``resume``). A one-line error
-        (bad data, a non-finite loss, an OOM that a retry did not cure) first saves the steps done so far."""
+        (bad data, a non-finite loss, an OOM that a retry did not cure) first saves the steps done so far.
+
+        A resume with another ``steps`` (a longer run) takes this config's schedule from the first step it trains:
+        each step's LR is what an uninterrupted run with this ``steps`` gives that step (``cosine_with_warmup``)."""
         if self.checkpointer is not None:
             self.checkpointer.lock()
         try:
@@ -180,7 +190,8 @@ class Trainer:
             if resumed is not None and self.runtime.on_resume is not None and self.ranks.main:
                 self.runtime.on_resume(resumed)
             self.saved = self.step
-            with self.stop.installed():
+            say = self.runtime.on_event if self.ranks.main else None
+            with self.stop.installed(), Watchdog(say, self.runtime.data_timeout) as self.watchdog:
                 try:
                     return self._loop(resumed)
                 except ckpt.CheckpointNotWritten:
@@ -200,6 +211,7 @@ class Trainer:
         cfg, world, meter = self.config, self.ranks.world_size, self.meter
         logs: list[StepLog] = []
         start, first_step, eval_loss = time.perf_counter(), self.step, None
+        self._first_step = first_step
         self.model.train()
         batches = stream(self.data, self.step, cfg.steps, cfg.batch, self.ranks.rank, world,
                          pin=self.device.type == "cuda")
@@ -216,10 +228,10 @@ class Trainer:
             if not torch.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise non_finite_loss(loss, x, y, step=self.step + 1, skipped_steps=self.skipped_steps)
+            lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this update steps with
             grad_norm, skipped = self._update()
             meter.mark()
             self.skipped_steps += skipped
-            lr = self.scheduler.get_last_lr()[0]
             self.scheduler.step()
             self.step += 1
             tokens = y.numel() if isinstance(y, torch.Tensor) and y.dim() > 1 else batch_rows(x)  # this process's
@@ -266,6 +278,8 @@ class Trainer:
                         raise
                     raise GpuwiseError(f"the data does not fit the model: {first_line(exc)}",
                                        "check that --data's items are what the model's forward takes") from exc
+                if not loss.requires_grad:  # backward would fail in PyTorch's words (exit 3)
+                    raise _detached(self.module, step=self.step + 1)
                 loss = loss / accum  # the mean over the whole batch, micro-batch by micro-batch
                 timed = comm is not None and m == accum - 1  # the backward that all-reduces
                 if timed:
@@ -338,8 +352,14 @@ class Trainer:
         return grad_norm, skipped
 
     def _next(self, batches) -> tuple[Any, Any]:
+        step, first = self.step + 1, self.step == self._first_step
+
+        def what() -> str:
+            return f"the {'first ' if first else ''}batch (step {step}) from {_source_name(self.data)}"
+
         try:
-            return next(batches)
+            with self.watchdog.waiting(what, _stuck_hint(self.data)):
+                return next(batches)
         except GpuwiseError:
             raise
         except SystemExit as exc:
@@ -395,13 +415,20 @@ class Trainer:
                                                   needs=("scheduler", "scaler", "rng", "step"))
         if skipped and self.runtime.on_event and self.ranks.main:
             self.runtime.on_event(f"skipped {len(skipped)} damaged checkpoint(s): {'; '.join(skipped)}")
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.scheduler.load_state_dict(state["scheduler"])  # base LRs, and the step it is at
+        step = int(state["step"])
+        # The optimizer's state brought the LR the old schedule gave the next step: with another --steps the
+        # schedule is another (cosine_with_warmup), and the next step must already follow this run's.
+        for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                       self.scheduler.lr_lambdas, strict=True):
+            group["lr"] = base * factor(step)
+        self.scheduler.last_epoch = step
         self.scaler.load_state_dict(state["scaler"])
         ckpt.set_rng_state(state["rng"])
         if self.ranks.world_size > 1:  # another number of processes: a fresh stream per process
             ckpt.set_rank_rng(state.get("rng_ranks") or {}, rank=self.ranks.rank, world_size=self.ranks.world_size,
                               device=self.device, seed=self.config.seed + int(state["step"]))
-        self.step, self.skipped_steps = int(state["step"]), int(state.get("skipped_steps", 0))
+        self.step, self.skipped_steps = step, int(state.get("skipped_steps", 0))
         return self.step
 
     def _interrupted(self) -> Interrupted:
@@ -414,3 +441,45 @@ class Trainer:
             self.saved = self.step
         found, _ = ckpt.latest(self.checkpointer.folder)
         return Interrupted(self.step, found.path if found is not None else None, forced, signum)
+
+
+def _not_in_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Refuse an optimizer over none of ``model``'s trainable parameters (built over another model's, or a copy's:
+    every step would update nothing, silently); a note naming those it leaves out when it holds only some (they get
+    gradients and no update; frozen ones, requires_grad False, are left out rightly)."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    missing = [name for name, p in trainable if id(p) not in held]
+    if not missing:
+        return None
+    cls = type(model).__name__
+    if len(missing) == len(trainable):
+        raise GpuwiseError(f"the optimizer holds none of {cls}'s {len(trainable)} trainable parameters (it was "
+                           "built over another model's, or a copy's): no step would change a weight",
+                           "build the optimizer over this model's parameters: torch.optim.AdamW(model.parameters())")
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return (f"the optimizer holds {len(trainable) - len(missing)} of {cls}'s {len(trainable)} trainable parameters: "
+            f"{shown} get gradients but are never updated (build the optimizer over model.parameters(), or set "
+            "requires_grad=False on those meant to stay frozen)")
+
+
+def _detached(model: nn.Module, *, step: int) -> GpuwiseError:
+    """A loss without a gradient: backward would fail with PyTorch's "element 0 of tensors does not require grad"
+    (exit 3). The model's output was cut from its weights."""
+    return GpuwiseError(f"the loss of step {step} has no gradient: {type(model).__name__}'s output is detached from "
+                        "its weights (a .detach(), torch.no_grad() or .item() in forward, or a tensor rebuilt from "
+                        "values)",
+                        "return the output of the layers themselves from forward, with no .detach() on the way")
+
+
+def _stuck_hint(data: Any) -> str:
+    """Where a batch that does not come is stuck."""
+    hint = "look at the Dataset's __getitem__: a network read, a lock, an endless loop"
+    return hint + (" (or its DataLoader workers: --workers 0 reads in the training process instead)"
+                   if getattr(data, "workers", 0) else "")
+
+
+def _source_name(data: Any) -> str:
+    """How a line names the data a batch comes from: a Dataset by its class."""
+    dataset = getattr(data, "dataset", None)
+    return f"the Dataset {type(dataset).__name__}" if dataset is not None else type(data).__name__

@@ -108,6 +108,8 @@ def call_model_function(name: str, fn: Callable[[int], Any], batch: int, *, fake
         raise
     except Exception as exc:
         text = first_line(exc)
+        if "UninitializedParameter" in text or "UninitializedBuffer" in text:  # a lazy module made on fake tensors
+            raise _lazy(name, batch, None) from exc
         if fake and ("Couldn't swap" in text or "not linked with support for cuda" in text.lower()):
             raise GpuwiseError(f"{name}({batch}) moves or converts the model ({text})",
                                "build it on the CPU in its default dtype, with no .to()/.cuda()/.half(): "
@@ -123,7 +125,41 @@ def call_model_function(name: str, fn: Callable[[int], Any], batch: int, *, fake
     if not all(isinstance(t, torch.Tensor) for t in inputs):
         raise GpuwiseError(f"{name}({batch}) returned inputs that are not tensors",
                            "return a tensor or a tuple of tensors as inputs")
+    check_model(name, batch, model)
     return model, inputs
+
+
+def check_model(name: str, batch: int, model: nn.Module) -> None:
+    """Refuse, in one line, a model that cannot run a step: a lazy module's uninitialized parameters
+    (``nn.LazyLinear``), or tensors on the meta device (no values). Both were internal errors deep in
+    the trainer (exit 3), or a misleading "report it" in the plan."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    lazy = next((n for n, t in tensors if nn.parameter.is_lazy(t)), None)
+    if lazy is not None:
+        raise _lazy(name, batch, lazy)
+    meta = next((n for n, t in tensors if t.device.type == "meta"), None)
+    if meta is not None:
+        raise GpuwiseError(f"{name}({batch}) returns a model on the meta device ({meta} has a shape but no values)",
+                           "build it on the CPU (no torch.device('meta')), or call model.to_empty(device='cpu') "
+                           "and initialise the weights before returning it")
+
+
+def _lazy(name: str, batch: int, tensor: str | None) -> GpuwiseError:
+    where = f" ({tensor})" if tensor else ""
+    return GpuwiseError(f"{name}({batch}) returns a model with uninitialized parameters{where}: a lazy module "
+                        "(nn.LazyLinear, nn.LazyConv2d...) learns its sizes only from a first forward",
+                        "give the layer its input size (nn.Linear(in_features, out_features)), or run one forward "
+                        "on the inputs in the function before returning the model")
+
+
+def _trainable_loss(name: str, loss: torch.Tensor) -> torch.Tensor:
+    """A training step's loss that backward can follow; a detached one ("element 0 of tensors does not require
+    grad") is the model's doing, not a fake-tensor rule's."""
+    if not loss.requires_grad:
+        raise GpuwiseError(f"the loss of {name} has no gradient: the model's output is detached from its weights "
+                           "(a .detach(), torch.no_grad() or .item() in forward, or a tensor rebuilt from values)",
+                           "return the output of the layers themselves from forward, with no .detach() on the way")
+    return loss
 
 
 def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int) -> Built:
@@ -133,6 +169,6 @@ def build_function(name: str, fn: Callable[[int], Any], setup: Setup, batch: int
 
     def run(model, inputs, targets, kv_cache):
         out = model(*inputs)
-        return scalar_loss(out) if setup.training else out
+        return _trainable_loss(name, scalar_loss(out)) if setup.training else out
 
     return Built(model=model, inputs=inputs, targets=None, run=run)
