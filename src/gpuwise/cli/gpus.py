@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import textwrap
 from typing import Annotated
 
 import typer
@@ -52,8 +51,9 @@ def gpus(
         row = catalog.get(name)
         others = catalog.variants(name)
         if len(others) > 1 and fmt == "table":  # "a100": the 40 GB SXM row is one of three; say which, name the rest
-            print(textwrap.fill(f"note: {name!r} matches {', '.join(others)}; showing {row.key} (name one for "
-                                "the others)", width=80, subsequent_indent="  "))
+            # at the table's width, broken at spaces only: a key is never split at its hyphen
+            render.print_wrapped(render.terminal(), f"note: {name!r} matches {', '.join(others)}; showing {row.key} "
+                                 "(name one for the others)", indent=2)
         render.emit(row, format=fmt)
         return
     if min_memory is not None and re.fullmatch(r"\s*[\d.]+\s*", min_memory):

@@ -13,7 +13,15 @@ from rich.console import Console
 
 from gpuwise.errors import GpuwiseError
 from gpuwise.hardware.catalog import Accelerator
-from gpuwise.render._common import SCHEMA_VERSION, json_document, print_json, progress, show_progress, to_jsonable
+from gpuwise.render._common import (
+    SCHEMA_VERSION,
+    json_document,
+    print_json,
+    print_wrapped,
+    progress,
+    show_progress,
+    to_jsonable,
+)
 from gpuwise.render.bench import (
     comparison_json,
     comparison_sheet,
@@ -92,11 +100,13 @@ def _views() -> dict[str, tuple[Any, Any]]:
 
 
 DEFAULT_WIDTH = 80  # rich's own width when stdout is not a terminal
+MIN_WIDTH = 20  # narrower, a table or a line would hold a word a line: the output is laid out at this width
 
 
 class _Console(Console):
     """rich exits 1 when the pipe it prints into closes; the CLI decides the exit code (141, as cat gets). A
-    ``COLUMNS`` that is no width (0, negative, not a number) is taken as unset: rich would print nothing at 0."""
+    ``COLUMNS`` that is no width (0, negative, not a number) is taken as unset: rich would print nothing at 0. The
+    one place the output's width is decided: ``COLUMNS``, else the terminal's, else 80; never under ``MIN_WIDTH``."""
 
     def __init__(self, **kwargs: Any) -> None:
         raw = os.environ.get("COLUMNS")
@@ -108,9 +118,17 @@ class _Console(Console):
             if bad:
                 kwargs["width"] = DEFAULT_WIDTH
         super().__init__(**kwargs)
+        if self.width < MIN_WIDTH:
+            self.width = MIN_WIDTH
 
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError
+
+
+def terminal(**kwargs: Any) -> Console:
+    """The console every command's table and lines print on: stdout unless ``file``, as wide as ``_Console``
+    decides, no highlighting, no soft wrapping (the renderers lay out their own lines: render._common.wrap)."""
+    return _Console(**{"highlight": False, "soft_wrap": False, **kwargs})
 
 
 def _sheets() -> dict[str, Any]:
@@ -139,8 +157,8 @@ def emit(result: Any, *, json: bool = False, format: str = "table", console: Con
             raise GpuwiseError(f"--format {format} is not available for this output yet", "use --format table or json")
         write(sheet(result), format)
     else:
-        table(result, console or _Console(highlight=False, soft_wrap=False))
+        table(result, console or terminal())
 
 
-__all__ = ["SCHEMA_VERSION", "CatalogRows", "ModelList", "TrainProgress", "emit", "print_json", "progress",
-           "render_bench", "render_compare", "show_progress", "to_jsonable"]
+__all__ = ["MIN_WIDTH", "SCHEMA_VERSION", "CatalogRows", "ModelList", "TrainProgress", "emit", "print_json",
+           "print_wrapped", "progress", "render_bench", "render_compare", "show_progress", "terminal", "to_jsonable"]

@@ -7,11 +7,13 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -148,25 +150,24 @@ def _overhead(n: int, edge: bool = True) -> int:
     return 2 * edge + (n - 1) + 2 * (n - 1)
 
 
-def fit_table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str | Text], width: int, *,
-              title: str | None = None, edge: bool = True) -> tuple[Table, tuple[Column, ...]]:
-    """A table of ``rows`` (one text per column) no wider than ``width``: when the columns do not fit, the ones with
-    the highest ``priority`` are left out (priority 0 never), so no cell is cut ("3…") and no name is split
-    ("a100-80gb" / "-sxm"); columns marked ``wrap`` narrow first, at spaces. A row that is one text, not a list,
-    starts a group: a new section, the text alone in the first column ("datacenter"). Returns the table and the
-    columns left out, for ``hidden_note``.
+def _text(cell: str | Text) -> Text:
+    return cell if isinstance(cell, Text) else Text(str(cell))
 
-    e.g. ``table, hidden = fit_table([Column(key="key"), Column(key="gbps", priority=1)], [["h100-sxm", "3350"]], 60)``
-    """
-    def text(cell: str | Text) -> Text:
-        return cell if isinstance(cell, Text) else Text(str(cell))
 
+def _cells(columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str | Text]) -> tuple[set[int], list]:
+    """The rows as Texts, one per column; the indexes of the one-text rows that start a group."""
     groups = {i for i, row in enumerate(rows) if isinstance(row, (str, Text))}
-    cells = [[text(row)] + [Text("")] * (len(columns) - 1) if i in groups else [text(c) for c in row]
+    cells = [[_text(row)] + [Text("")] * (len(columns) - 1) if i in groups else [_text(c) for c in row]
              for i, row in enumerate(rows)]
+    return groups, cells
+
+
+def _layout(columns: Sequence[Column], cells: list[list[Text]], width: int, edge: bool) -> tuple[dict[int, int], bool]:
+    """The columns a table ``width`` wide shows, each with its width, and whether they fit: the least-important
+    column goes first (among equals the rightmost), then the widest of the ``wrap`` columns narrows. False when
+    even the priority-0 columns at their least are wider than ``width``."""
     sizes = [_widths([row[i] for row in cells], col.title, col.wrap) for i, col in enumerate(columns)]
     shown = list(range(len(columns)))
-    # the least-important column goes first; among equals the rightmost
     while len(shown) > 1 and sum(sizes[i][1] for i in shown) + _overhead(len(shown), edge) > width:
         drop = max((i for i in shown if columns[i].priority > 0), key=lambda i: (columns[i].priority, i),
                    default=None)
@@ -181,27 +182,207 @@ def fit_table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | s
         give = min(excess, widths[i] - sizes[i][1])
         widths[i] -= give
         excess -= give
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=edge)
-    for i in shown:
+    return widths, excess <= 0
+
+
+def fit_table(columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str | Text], width: int, *,
+              title: str | None = None, edge: bool = True, lines: bool = False) -> tuple[Table, tuple[Column, ...]]:
+    """A table of ``rows`` (one text per column) no wider than ``width``: when the columns do not fit, the ones with
+    the highest ``priority`` are left out (priority 0 never), so no cell is cut ("3…") and no name is split
+    ("a100-80gb" / "-sxm"); columns marked ``wrap`` narrow first, at spaces. A row that is one text, not a list,
+    starts a group: a new section, the text alone in the first column ("datacenter"). Returns the table and the
+    columns left out, for ``hidden_note``. ``lines``: a rule between rows (rows of several lines each). Where even
+    the priority-0 columns are too wide, ``print_fit`` prints the rows as lines instead.
+
+    e.g. ``table, hidden = fit_table([Column(key="key"), Column(key="gbps", priority=1)], [["h100-sxm", "3350"]], 60)``
+    """
+    groups, cells = _cells(columns, rows)
+    widths, _ = _layout(columns, cells, width, edge)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=edge, show_lines=lines)
+    for i, w in widths.items():
         col = columns[i]
         # every width is set, so rich never narrows a column; "fold" (never "…") only if one name alone is wider
         # than the terminal
-        table.add_column(col.title, justify="right" if col.numeric else "left", width=widths[i],
-                         no_wrap=not col.wrap, overflow="fold")
+        table.add_column(col.title, justify="right" if col.numeric else "left", width=w, no_wrap=not col.wrap,
+                         overflow="fold")
     for n, row in enumerate(cells):
         if n in groups and n > 0:
             table.add_section()
-        table.add_row(*(row[i] for i in shown))
-    return table, tuple(c for i, c in enumerate(columns) if i not in shown)
+        table.add_row(*(row[i] for i in widths))
+    return table, tuple(c for i, c in enumerate(columns) if i not in widths)
 
 
 def hidden_note(hidden: Sequence[Column], width: int) -> str:
     """The line under a table that ``fit_table`` narrowed: which columns it left out, and how to see them."""
     if not hidden:
         return ""
-    names = ", ".join(c.title for c in hidden)
+    names = ", ".join(" ".join(c.title.split()) for c in hidden)  # a two-line header ("max\nbatch") on one line
     return (f"{len(hidden)} column{'s' * (len(hidden) > 1)} hidden at {width} columns ({names}): use --format csv "
             "or a wider terminal")
+
+
+# A figure and its unit ("125.6 GiB", "8.24 ms", "900 GB/s") wraps as one word: a line never ends between them;
+# nor does one start with a " · " separator (it stays at the end of the line before).
+_UNITS = r"[KMGTP]i?B(?:/s)?|B|[mµun]s|s|min|h|d|W|[KMG]Hz|TFLOPS|TOPS|TF/s|FLOPs"
+_WORD = re.compile(rf"(?:\S*\d (?:{_UNITS})(?![\w/])\S*|\S+)(?: ·(?= |$))?")
+
+
+class Whole(str):
+    """A text printed whole on one line, never wrapped: a command or flags to copy. Wider than the terminal, it
+    overflows (the terminal folds it on screen; a copy still gets one line)."""
+
+
+def wrap(text: str | Text, width: int, *, indent: int = 2) -> list[Text]:
+    """``text`` in lines at most ``width`` cells wide, broken at spaces only, each line after the first indented by
+    ``indent`` more than the paragraph's own leading spaces; "\n" starts a paragraph. A figure stays with its unit
+    ("16.2 GiB"). A word wider than an indented line gets a line of its own at the paragraph's left edge, and only
+    one wider than the whole line (a long URL) is cut, at the width, where a terminal would fold it. A ``Whole``
+    text (a command) is one line, as given, however wide.
+
+    e.g. ``wrap("time: to the goal at the predicted rate", 20)``: "time: to the goal at", "  the predicted rate"
+    """
+    if isinstance(text, Whole):
+        return [Text(str(text))]
+    text = _text(text)
+    lines = []
+    for para in text.split("\n", allow_blank=True):
+        plain = para.plain
+        words = [m.span() for m in _WORD.finditer(plain)]
+        if not words:
+            lines.append(Text(""))
+            continue
+        lead = words[0][0]
+        spans = []  # (indent, start, end) of each line
+        start, end, pad = words[0][0], words[0][1], lead
+        for s, e in words[1:]:
+            if pad + cell_len(plain[start:e]) > width:
+                spans.append((pad, start, end))
+                start, pad = s, lead + indent
+                if pad + cell_len(plain[s:e]) > width:  # a word wider than an indented line: at the left edge
+                    pad = lead
+            end = e
+        spans.append((pad, start, end))
+        for pad, start, end in spans:
+            room = max(width - pad, 1)
+            while cell_len(plain[start:end]) > room:  # one word wider than the line: cut where a terminal folds
+                cut = start + 1
+                while cut < end and cell_len(plain[start:cut + 1]) <= room:
+                    cut += 1
+                lines.append(Text(" " * pad) + para[start:cut])
+                start = cut
+            lines.append(Text(" " * pad) + para[start:end])
+    return lines
+
+
+def wrap_units(units: Sequence[str | Text], width: int, *, indent: int = 2, sep: str = ", ") -> list[Text]:
+    """Short texts ("memory: 80 GiB") joined by ``sep`` in lines at most ``width`` wide, every line indented by
+    ``indent``, the separator (less its spaces) ending a line that goes on: a unit is split (at its spaces, by
+    ``wrap``) only when it is wider than a line."""
+    texts = [_text(u) for u in units]
+    end = sep.rstrip()
+    lines: list[Text] = []
+    line: Text | None = None
+    for n, unit in enumerate(texts):
+        tail = len(end) if n < len(texts) - 1 else 0  # room for the separator, should the line end after this unit
+        if line is not None and line.cell_len + len(sep) + unit.cell_len + tail <= width:
+            line = line + sep + unit
+            continue
+        if line is not None:
+            lines.append(line + end)
+        line = Text(" " * indent) + unit
+        if line.cell_len + tail > width:
+            *head, line = wrap(line, width - tail, indent=0)
+            lines += head
+    return lines if line is None else [*lines, line]
+
+
+def print_lines(console: Console, lines: Sequence[Text]) -> None:
+    """Lines laid out already (``wrap``), printed as they are: rich neither wraps nor cuts them."""
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False)
+
+
+def print_wrapped(console: Console, text: str | Text, *, indent: int = 0) -> None:
+    """A note in lines of the console's width, broken at spaces (``wrap``): a figure stays with its unit, a word is
+    never split unless it is wider than the terminal, and the lines after the first go ``indent`` to the right."""
+    print_lines(console, wrap(text, console.width, indent=indent))
+
+
+FIELD_VALUE_MIN = 28  # narrower than this beside its key, a value goes on lines of its own under the key
+
+
+def print_fields(console: Console, rows: Sequence[tuple[str | Text, str | Text]], *, title: str | Text | None = None,
+                 gap: int = 2, key_style: str = "bold") -> None:
+    """Key-value rows as a grid: keys in a column, each value wrapped at spaces beside its key. A value that needs
+    more than one line where the value column is narrower than ``FIELD_VALUE_MIN``, or that holds a word wider than
+    the column (a URL), goes under its key, indented by two, rather than split; a ``Whole`` value (a command) is
+    one line, beside its key if it fits there. A row with no key goes on with the row above."""
+    width = console.width
+    if title is not None:
+        print_lines(console, wrap(Text(title, style="italic") if isinstance(title, str) else title, width))
+    keys = [Text(k, style=key_style) if isinstance(k, str) else k for k, _ in rows]
+    column = max((k.cell_len for k in keys), default=0) + gap
+    room = width - column
+    beside = True
+    for key, (_, value) in zip(keys, rows, strict=True):
+        text = _text(value)
+        widest = max((cell_len(w) for w in text.plain.split()), default=0)
+        one_line = "\n" not in text.plain and cell_len(text.plain) <= room
+        if key.plain:  # a row with no key goes on the one above it: in the value column, or under its key
+            beside = one_line or (room >= FIELD_VALUE_MIN and not isinstance(value, Whole) and widest <= room)
+        if beside:
+            lines = wrap(value, room, indent=0)
+            head = key + Text(" " * (column - key.cell_len))
+            print_lines(console, [head + lines[0], *(Text(" " * column) + line for line in lines[1:])])
+        else:
+            print_lines(console, [key] * bool(key.plain) + [Text("  ") + line for line in wrap(value, width - 2,
+                                                                                                 indent=0)])
+
+
+def _stacked(columns: Sequence[Column], cells: list[list[Text]], groups: set[int], width: int) -> list[Text]:
+    """Rows too wide for a table at ``width``, as lines: the row's name (its first column, after any marker column
+    such as recommend's "*") on a line, its other columns under it as "header: value", every column shown."""
+    lead = next((i for i, c in enumerate(columns) if any(ch.isalnum() for ch in c.title)), 0) + 1
+    lines: list[Text] = []
+    for n, row in enumerate(cells):
+        if n in groups:
+            lines += wrap(row[0], width)
+            continue
+        name = Text(" ").join(c for c in row[:lead] if c.plain.strip())
+        lines += wrap(name, width)
+        units = [Text(" ".join(col.title.split()) + ": ") + cell for col, cell in zip(columns[lead:], row[lead:],
+                                                                                    strict=True)]
+        lines += wrap_units(units, width)
+    return lines
+
+
+def print_fit(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str | Text], *,
+              title: str | None = None, edge: bool = True, lines: bool = False,
+              notes: Sequence[str | Text] = ()) -> None:
+    """``rows`` as a table that fits the console (``fit_table``: the least-needed columns left out, a line saying
+    which, after the ``notes``), or, where even its priority-0 columns cannot fit, as lines: each row's name, then
+    "header: value" for all its columns. No name is split and no figure cut at any width."""
+    width = console.width
+    groups, cells = _cells(columns, rows)
+    _, fits = _layout(columns, cells, width, edge)
+    hidden: tuple[Column, ...] = ()
+    if fits:
+        table, hidden = fit_table(columns, rows, width, edge=edge, lines=lines)
+        if title:  # centred over the table where it fits on a line, else wrapped by ``wrap`` (never a split unit)
+            shown = sum(c.width or 0 for c in table.columns) + _overhead(len(table.columns), edge)
+            if cell_len(title) <= shown:
+                table.title = title
+            else:
+                print_wrapped(console, Text(title, style="italic"))
+        console.print(table)
+    else:
+        if title:
+            print_wrapped(console, Text(title, style="italic"))
+        print_lines(console, _stacked(columns, cells, groups, width))
+    for note in notes:
+        print_wrapped(console, note)
+    if hidden:
+        print_wrapped(console, hidden_note(hidden, width))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -224,15 +405,11 @@ class Sheet:
 
 
 def print_table(sheet: Sheet, console: Console) -> None:
-    """The sheet as a table as wide as the console at most: columns left out say so on the last line."""
+    """The sheet as a table as wide as the console at most (``print_fit``), its notes under it; columns left out
+    say so on the last line."""
     columns = sheet.shown
-    table, hidden = fit_table(columns, [[c.text(row) for c in columns] for row in sheet.rows], console.width,
-                              title=sheet.title)
-    console.print(table)
-    for note in sheet.notes:
-        console.print(note)
-    if hidden:
-        console.print(hidden_note(hidden, console.width))
+    print_fit(console, columns, [[c.text(row) for c in columns] for row in sheet.rows], title=sheet.title,
+              notes=sheet.notes)
 
 
 def show_progress(output_format: str, stream: Any = None) -> bool:

@@ -6,12 +6,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from gpuwise.hardware.catalog import DTYPES, Accelerator
 from gpuwise.hardware.detect import LocalMachine
-from gpuwise.render._common import Column, Sheet, _num, _short, print_table, to_jsonable
+from gpuwise.render._common import Column, Sheet, _num, _short, print_fields, print_table, to_jsonable
 from gpuwise.units import GiB, human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
@@ -84,9 +83,8 @@ def catalog_json(rows: list[Accelerator]) -> dict[str, Any]:
 
 
 def render_accelerator(a: Accelerator, console: Console) -> None:
-    table = Table(title=a.name, show_header=False)
-    table.add_column("field", style="bold", no_wrap=True)
-    table.add_column("value", overflow="fold")
+    """Every field of one row, beside its name; a value with a word too wide for beside (a source's URL) goes under
+    its name instead, whole (render._common.print_fields)."""
     cc = f"{a.compute_capability[0]}.{a.compute_capability[1]}" if a.compute_capability else "-"
     rows = [
         ("key", a.key), ("vendor", a.vendor), ("segment", a.segment), ("architecture", a.arch),
@@ -111,9 +109,7 @@ def render_accelerator(a: Accelerator, console: Console) -> None:
         ("estimated", ", ".join(a.estimated) or "none: all from vendor documents"),
         ("source", a.source),
     ]
-    for field, value in rows:
-        table.add_row(field, value)
-    console.print(table)
+    print_fields(console, rows, title=Text(a.name, style="bold"))
 
 
 def _device_name(row: dict[str, Any]) -> Text:

@@ -5,14 +5,24 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from gpuwise.hardware.catalog import load_catalog
 from gpuwise.planning.cost.validation import HELD_OUT_ERROR
-from gpuwise.render._common import Column, Sheet, _count, _seconds3, fit_table, hidden_note, step_parts, to_jsonable
+from gpuwise.render._common import (
+    Column,
+    Sheet,
+    _count,
+    _overhead,
+    _seconds3,
+    print_fields,
+    print_fit,
+    print_lines,
+    print_wrapped,
+    step_parts,
+    to_jsonable,
+)
 from gpuwise.units import GiB, MiB, human_bytes
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
@@ -101,11 +111,10 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     s = plan.setup
     per_sample = plan.tokens_per_step > s.micro_batch * s.grad_accum or s.task == "decode"
     unit = "token" if per_sample else "sample"  # per GPU, both
-    console.print(f"[bold]gpuwise plan[/bold]: {plan.model} · {s.describe()} · {plan.tokens_per_step:,} "
-                  f"{unit}{'s' if plan.tokens_per_step != 1 else ''}{' per GPU' if s.gpus > 1 else ''} per step")
-    head = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
-    head.add_column(style="bold", no_wrap=True)
-    head.add_column(overflow="fold")
+    print_wrapped(console, Text("gpuwise plan", style="bold") + Text(
+        f": {plan.model} · {s.describe()} · {plan.tokens_per_step:,} {unit}{'s' if plan.tokens_per_step != 1 else ''}"
+        f"{' per GPU' if s.gpus > 1 else ''} per step"))
+    head = _Fields()
     trainable = f" ({_count(plan.trainable_params)} trainable)" if s.training and plan.trainable_params != plan.params \
         else ""
     head.add_row("parameters", f"{_count(plan.params)}{trainable}")
@@ -145,18 +154,8 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
     if plan.uncosted:
         head.add_row("uncosted ops", Text(", ".join(f"{op} x{n}" for op, n in sorted(plan.uncosted.items()))
                                           + " (no FLOP formula: not counted)", style="yellow"))
-    console.print(head)
-
-    total = max(plan.peak_bytes, 1)
-    at_peak = Table(title="memory at the peak", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    at_peak.add_column("category", no_wrap=True)
-    at_peak.add_column("bytes", justify="right", no_wrap=True)
-    at_peak.add_column("share", justify="right", no_wrap=True)
-    at_peak.add_column("", no_wrap=True)
-    for cat, value in plan.breakdown.items():
-        if value:
-            at_peak.add_row(cat, human_bytes(value), f"{100 * value / total:.0f}%", "█" * round(30 * value / total))
-    console.print(at_peak)
+    print_fields(console, head.rows)
+    _at_peak(plan, console)
 
     sheet = plan_sheet(plan)
     rows: list[Any] = []
@@ -166,53 +165,82 @@ def render_plan(plan: MemoryPlan, console: Console) -> None:
             group = row["segment"]
             rows.append(Text(group or "other", style="dim italic"))
         rows.append([c.text(row) for c in sheet.shown])
-    # never a cut figure nor a split name: at a narrow width the least-needed columns go, and a line says which
-    fits, hidden = fit_table(sheet.shown, rows, console.width, title=sheet.title, edge=False)
-    console.print(fits)
-    if hidden:
-        console.print(hidden_note(hidden, console.width))
+    # never a cut figure nor a split name: at a narrow width the least-needed columns go, and a line says which;
+    # narrower than the GPU, fits and step columns, a GPU's figures go on lines under its name
+    print_fit(console, sheet.shown, rows, title=sheet.title, edge=False)
     measured = ", ".join(f.gpu for f in plan.gpus if f.rates == "measured")
     rates = f"rates gpuwise bench --calibrate measured (*: {measured}), elsewhere the " if measured else ""
     if plan.decode:
-        console.print(f"token: one decode step modelled op by op at the {rates}datasheet's rates (planning/cost/"
-                      "step.py); bound: max(bytes read / bandwidth, FLOPs / matmul peak), which no step beats; "
+        print_wrapped(console, f"token: one decode step modelled op by op at the {rates}datasheet's rates (planning/"
+                      "cost/step.py); bound: max(bytes read / bandwidth, FLOPs / matmul peak), which no step beats; "
                       "llama.cpp and vLLM reach 50-95% of the bandwidth")
     else:
         first = next((f for f in plan.gpus if f.gpu == plan.gpu and f.step is not None), None)
         err = f"±{100 * first.step.error:.0f}% " if first is not None else ""
-        console.print(f"step: modelled kernel by kernel from the {rates}GPU's facts (planning/cost/step.py), as "
-                      f"recommend ranks it, {err}({HELD_OUT_ERROR}); bound: the roofline, max(FLOPs / dense peak, "
+        print_wrapped(console, f"step: modelled kernel by kernel from the {rates}GPU's facts (planning/cost/step.py), "
+                      f"as recommend ranks it, {err}({HELD_OUT_ERROR}); bound: the roofline, max(FLOPs / dense peak, "
                       "bytes / bandwidth), which no step beats")
         if first is not None:
-            console.print(f"{first.gpu}: {step_parts(first.step.phases_s, first.step.families_s)}")
+            print_wrapped(console, f"{first.gpu}: {step_parts(first.step.phases_s, first.step.families_s)}")
     missing = [f.gpu for f in plan.gpus if f.missing_dtype]
     if missing:
         verb = "has" if len(missing) == 1 else "have"
-        console.print(f"no bf16: {', '.join(missing)} {verb} no bf16 tensor cores; torch emulates it many times "
-                      "slower: plan and run --precision fp16-mixed there")
+        print_wrapped(console, f"no bf16: {', '.join(missing)} {verb} no bf16 tensor cores; torch emulates it many "
+                      "times slower: plan and run --precision fp16-mixed there")
     if plan.setup.spec.float8:
-        console.print("fp8: the linear layers' GEMMs at the fp8 rate, the rest at bf16's; GPUs without fp8 tensor "
-                      "cores (before Ada and Hopper) cannot run it: 'no'")
+        print_wrapped(console, "fp8: the linear layers' GEMMs at the fp8 rate, the rest at bf16's; GPUs without fp8 "
+                      "tensor cores (before Ada and Hopper) cannot run it: 'no'")
     if plan.remedies:
-        on = "one-GPU" if plan.setup.gpus == 1 else f"{plan.setup.gpus}-GPU"
-        rem = Table(title=f"does not fit {plan.gpu}: remedies in order, each on top of the ones before "
-                          f"(LoRA from the {on} step); flags: all to add to your command",
-                    box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        rem.add_column("change", overflow="fold")
-        rem.add_column("flags", overflow="fold", style="cyan")
-        rem.add_column("needs", justify="right", no_wrap=True)
-        rem.add_column("fits", no_wrap=True)
-        for r in plan.remedies:
-            rem.add_row(r.name, r.flags, human_bytes(r.required_bytes), Text(r.status, style=_FIT_STYLE[r.status]))
-        console.print(rem)
+        _remedies(plan, console)
     elif not plan.fits and s.training:
-        console.print(f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
+        print_wrapped(console, f"does not fit {plan.gpu}, and no remedy gpuwise plans applies to this model")
     if not plan.fits and not s.training and not any(r.fits for r in plan.remedies):
-        console.print(f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than it has"
-                      + ("" if s.quantized or plan.remedies else " (try --weights int8, int4 or nf4)"))
+        print_wrapped(console, f"does not fit {plan.gpu} even at batch 1: inference needs more memory per GPU than "
+                      "it has" + ("" if s.quantized or plan.remedies else " (try --weights int8, int4 or nf4)"))
 
 
-def _decode_rows(plan: MemoryPlan, head: Table) -> None:
+class _Fields:
+    """The plan's key-value lines, gathered as ``Table.add_row`` would, printed by ``print_fields``."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str | Text]] = []
+
+    def add_row(self, key: str, value: str | Text) -> None:
+        self.rows.append((key, value))
+
+
+_BAR = 30  # the widest bar of the memory at the peak: the whole peak
+
+
+def _at_peak(plan: MemoryPlan, console: Console) -> None:
+    """The peak by category: bytes, share, and a bar as long as the width leaves (none under 5 characters: the
+    share says it)."""
+    total = max(plan.peak_bytes, 1)
+    rows = [(cat, human_bytes(value), f"{100 * value / total:.0f}%", value) for cat, value in plan.breakdown.items()
+            if value]
+    figures = [Column(key="category"), Column(key="bytes", numeric=True), Column(key="share", numeric=True)]
+    taken = sum(max(len(c.title), *(len(r[i]) for r in rows)) for i, c in enumerate(figures)) if rows else 0
+    room = min(_BAR, console.width - taken - _overhead(len(figures) + 1))
+    bar = room >= 5
+    columns = [*figures, Column(key="bar", header=" ")] if bar else figures
+    cells = [[cat, size, share, *(["█" * round(room * value / total)] if bar else [])]
+             for cat, size, share, value in rows]
+    print_fit(console, columns, cells, title="memory at the peak")
+
+
+def _remedies(plan: MemoryPlan, console: Console) -> None:
+    """The remedies as lines: what changes, what it needs and whether it fits, then its flags on a line of their
+    own, whole (a flag never apart from its value), to copy into the command."""
+    on = "one-GPU" if plan.setup.gpus == 1 else f"{plan.setup.gpus}-GPU"
+    print_wrapped(console, Text(f"does not fit {plan.gpu}: remedies in order, each on top of the ones before (LoRA "
+                                f"from the {on} step); under each, the flags to add to your command", style="italic"))
+    for r in plan.remedies:
+        print_wrapped(console, Text(f"{r.name}: needs {human_bytes(r.required_bytes)}, ")
+                      + Text(r.status, style=_FIT_STYLE[r.status]))
+        print_lines(console, [Text("  ") + Text(r.flags, style="cyan")])
+
+
+def _decode_rows(plan: MemoryPlan, head: _Fields) -> None:
     """--task decode and --weights: what one step reads, and how the weights are stored."""
     s, d = plan.setup, plan.decode
     if s.quantized:
@@ -228,17 +256,14 @@ def _decode_rows(plan: MemoryPlan, head: Table) -> None:
 
 
 def render_models(models: list[ZooModel], console: Console) -> None:
-    table = Table(title="built-in models (gpuwise plan --model NAME)", box=box.SIMPLE_HEAD, padding=(0, 1),
-                  pad_edge=False)
-    for col, justify in (("name", "left"), ("params", "right"), ("blocks", "right"), ("input", "left"),
-                         ("default", "right")):
-        table.add_column(col, justify=justify, no_wrap=True)
+    columns = [Column(key="name"), Column(key="params", numeric=True), Column(key="blocks", numeric=True, priority=2),
+               Column(key="input", priority=3), Column(key="default", numeric=True, priority=1)]
+    rows = []
     for m in models:
         default = f"{m.default_seq} tokens" if m.default_seq else f"{m.default_image_size}px" if m.default_image_size \
             else f"{m.config.in_features} features"
-        table.add_row(m.name, _count(m.published_params), str(m.n_layer or "-"),
-                      m.inputs, default)
-    console.print(table)
+        rows.append([m.name, _count(m.published_params), str(m.n_layer or "-"), m.inputs, default])
+    print_fit(console, columns, rows, title="built-in models (gpuwise plan --model NAME)")
 
 
 def _all_to_all_text(a) -> str:
@@ -262,7 +287,7 @@ def _all_to_all_text(a) -> str:
     return text + f"; {a.link or 'not timed'} (not in the step time)"
 
 
-def _parallel_rows(plan: MemoryPlan, head: Table) -> None:
+def _parallel_rows(plan: MemoryPlan, head: _Fields) -> None:
     """--tp/--pp/--cp/--nodes/--offload: how the GPUs split the work, and the host memory offload takes."""
     lay = plan.layout
     if lay is None:
@@ -354,5 +379,6 @@ def solution_json(solution: Solution) -> dict[str, Any]:
 
 def render_solution(solution: Solution, console: Console) -> None:
     """The answer line above the plan at it."""
-    console.print(Text(solution_line(solution), style="bold green" if solution.value is not None else "bold red"))
+    print_wrapped(console, Text(solution_line(solution), style="bold green" if solution.value is not None else
+                                "bold red"))
     render_plan(solution.plan, console)

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from gpuwise.planning.cost.validation import HELD_OUT_ERROR
-from gpuwise.render._common import Column, Sheet, _num, _seconds3, fit_table, hidden_note, step_parts, to_jsonable
+from gpuwise.render._common import (
+    Column,
+    Sheet,
+    _num,
+    _seconds3,
+    print_fit,
+    print_lines,
+    print_wrapped,
+    step_parts,
+    to_jsonable,
+)
 
 if TYPE_CHECKING:
     from gpuwise.recommend.guide import Guide
@@ -66,14 +75,12 @@ _PRIORITY = {"MFU": 2, "kWh": 4, "settings": 1, "TTFT": 1, "seqs": 2, "latency":
 
 def _fill(console: Console, title: str, columns: list[tuple[str, str]], rows: list[tuple[str, ...]]) -> None:
     """Print the rows as a table as wide as the console at most: a name is never split nor a figure cut; at a narrow
-    width the least-needed columns go (a line says which) and the settings wrap at spaces."""
+    width the least-needed columns go (a line says which) and the settings wrap at spaces; narrower than the
+    GPU and the figures that rank it, each row is lines: its GPU, then its columns as "header: value"."""
     cols = [Column(key=name or "pareto", header=name or "*", numeric=justify == "right", wrap=name == "settings",
                    priority=_PRIORITY.get(name, 3 if "/J" in name or "/M" in name else 0))
             for name, justify in columns]
-    table, hidden = fit_table(cols, [list(row) for row in rows], console.width, title=title)
-    console.print(table)
-    if hidden:
-        console.print(hidden_note(hidden, console.width))
+    print_fit(console, cols, [list(row) for row in rows], title=title)
 
 
 def recommend_sheet(r: Recommendation) -> Sheet:
@@ -166,17 +173,18 @@ def _serving(r: Recommendation, console: Console) -> None:
             notes.append(f"speeds: {SERVING_HELD_OUT}")
         if r.best.rent_usd_per_hour is not None and r.constraints.mode == "rent":
             notes.append(f"its price: {_rent_line(r.best.rent_usd_per_hour)}")
-    console.print("\n".join(notes))
+    for note in notes:
+        print_wrapped(console, note)
     if r.best is not None and getattr(r.best, "runtime_command", None):
-        console.print("to run the first row, each replica:")
-        console.print("  " + r.best.runtime_command, soft_wrap=True, markup=False, highlight=False)
+        print_wrapped(console, "to run the first row, each replica:")
+        print_lines(console, [Text("  " + r.best.runtime_command)])  # whole: it pastes into a shell as printed
     elif r.best is not None and getattr(r.best, "vllm_args", None) is not None:
-        console.print("to run the first row, each replica:")
+        print_wrapped(console, "to run the first row, each replica:")
         # never wrapped by rich: it pastes into a shell as printed
         from gpuwise.recommend.serve import served_name
 
         words = ("vllm", "serve", served_name(r.model), *r.best.vllm_args)
-        console.print(_shell(words, min(80, console.width)), soft_wrap=True, markup=False, highlight=False)
+        print_lines(console, [Text(line) for line in _shell(words, min(80, console.width)).splitlines()])
     _left_out(r, console)
 
 
@@ -232,17 +240,14 @@ def _moe(r: Recommendation) -> str | None:
 def _left_out(r: Recommendation, console: Console) -> None:
     if not r.excluded:
         return
-    out = Table(title="left out", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    out.add_column("gpu", no_wrap=True)
-    out.add_column("n", justify="right")
-    out.add_column("why", overflow="fold")
-    seen = set()
+    rows, seen = [], set()
     for o in r.excluded:
         if (o.gpu, o.excluded) in seen:
             continue
         seen.add((o.gpu, o.excluded))
-        out.add_row(o.gpu, str(o.count), o.excluded or "")
-    console.print(out)
+        rows.append([o.gpu, str(o.count), o.excluded or ""])
+    print_fit(console, [Column(key="gpu"), Column(key="n", numeric=True), Column(key="why", wrap=True)], rows,
+              title="left out")
 
 
 def render_recommend(r: Recommendation, console: Console) -> None:
@@ -273,8 +278,8 @@ def render_recommend(r: Recommendation, console: Console) -> None:
     if (moe := _moe(r)) is not None:
         notes.append(moe)
     if r.best is not None:
-        notes.append(f"to run the first row: gpuwise train (or plan) ... {r.best.flags}".rstrip()
-                     if r.best.flags else "the first row runs as given")
+        if not r.best.flags:
+            notes.append("the first row runs as given")
         err = getattr(r.best, "step_time_error", None)
         parts = step_parts(getattr(r.best, "phases_s", None), getattr(r.best, "families_s", None))
         notes.append(f"the first row's step: {_seconds3(r.best.step_time_s)}"
@@ -288,7 +293,11 @@ def render_recommend(r: Recommendation, console: Console) -> None:
         fit = next(b for b in range(r.setup.batch, r.setup.batch * n[-1] + 1) if all(b % k == 0 for k in n))
         notes.append(f"not tried: {', '.join(map(str, n))} GPUs, which --batch {r.setup.batch} does not split over "
                      f"evenly (--batch {fit} does).")
-    console.print("\n".join(notes))
+    for note in notes:
+        print_wrapped(console, note)
+    if r.best is not None and r.best.flags:  # the command on a line of its own, whole, to copy
+        print_wrapped(console, "to run the first row (gpuwise plan takes the same flags):")
+        print_lines(console, [Text(f"  gpuwise train ... {r.best.flags}")])
     _left_out(r, console)
 
 
@@ -349,17 +358,15 @@ def _pick(o: Option | None, serving: bool) -> str:
 
 
 def render_guide(g: Guide, console: Console) -> None:
-    table = Table(title="which GPU for what: six jobs ranked over the catalog (gpuwise recommend --model ... "
-                        "ranks yours)", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_lines=True)
-    for name in ("job", "fastest", "cheapest (rent)", "most work per joule"):
-        table.add_column(name, overflow="fold")
-    for s in g.scenarios:
-        serving = "serve" in s.command
-        table.add_row(s.name, _pick(s.fastest, serving), _pick(s.cheapest, serving),
-                      _pick(s.most_per_joule, serving))
-    console.print(table)
-    console.print("Each row is the engine's own ranking of the job; rerun its command for the whole table and the "
-                  "basis of each figure:\n" + "\n".join(f"  {s.command}" for s in g.scenarios))
+    columns = [Column(key="job", wrap=True), *(Column(key=name, wrap=True) for name in
+                                                ("fastest", "cheapest (rent)", "most work per joule"))]
+    rows = [[s.name, _pick(s.fastest, "serve" in s.command), _pick(s.cheapest, "serve" in s.command),
+             _pick(s.most_per_joule, "serve" in s.command)] for s in g.scenarios]
+    print_fit(console, columns, rows, title="which GPU for what: six jobs ranked over the catalog (gpuwise recommend "
+              "--model ... ranks yours)", lines=True)
+    print_wrapped(console, "Each row is the engine's own ranking of the job; rerun its command for the whole table "
+                  "and the basis of each figure:")
+    print_lines(console, [Text(f"  {s.command}") for s in g.scenarios])  # each whole on its line, to copy
 
 
 def guide_json(g: Guide) -> dict[str, Any]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from gpuwise.render._common import Whole, print_fields
 from gpuwise.units import human_bytes
 
 if TYPE_CHECKING:
@@ -279,11 +278,10 @@ def render_watch(r: WatchResult, console: Console) -> None:
     from gpuwise.monitor.watch import device_summary, host_summary, step_summary
     from gpuwise.render.diagnosis import render_lines
 
-    table = Table(box=box.SIMPLE, show_header=False, title="gpuwise watch", title_justify="left")
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    rows = [("command", _command(r)), ("exit code", _exit(r)),
-            ("watched", f"{r.seconds:.1f} s, {len(r.record.samples)} samples every {r.record.interval_s:g} s")]
+    command = Whole(_command(r)) if r.command is not None else _command(r)  # one line: it pastes as printed
+    rows: list[tuple[str, str | Text]] = [
+        ("command", command), ("exit code", _exit(r)),
+        ("watched", f"{r.seconds:.1f} s, {len(r.record.samples)} samples every {r.record.interval_s:g} s")]
     for row in device_summary(r.record, r.devices_used):
         who = (row["name"] or "").removeprefix("NVIDIA ")
         if row["used"] is False:
@@ -302,10 +300,10 @@ def render_watch(r: WatchResult, console: Console) -> None:
         rows.append(("log", r.log + (f" ({r.log_error})" if r.log_error else "")))
     for line in render_lines(r.diagnosis):
         key, _, text = line.partition(": ")
-        rows.append((key, text) if text and " " not in key.strip() else ("", line))
-    for k, v in rows:
-        table.add_row(k, Text(v))
-    console.print(table)
+        rows.append((key, text) if text and " " not in key.strip() else ("", line.strip()))
+    # wrapped at spaces, never inside a word: the command is one line (it pastes as printed), a long path or URL
+    # goes under its key whole
+    print_fields(console, rows, title=Text("gpuwise watch", style="italic"))
 
 
 def _report(r: WatchResult) -> dict[str, Any]:
