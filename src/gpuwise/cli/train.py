@@ -12,7 +12,6 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from gpuwise.cli._app import CompileFlag, DeviceOption, JsonFlag, app
 from gpuwise.training.config import HF_SEQ, IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOptions
