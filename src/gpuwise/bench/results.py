@@ -23,9 +23,11 @@ def to_dicts(results: list[BenchResult]) -> list[dict]:
     return [{k: _clean(v) for k, v in dataclasses.asdict(r).items()} for r in results]
 
 
-def save(results: list[BenchResult], path: str | os.PathLike, *, machine: dict) -> None:
+def save(results: list[BenchResult], path: str | os.PathLike, *, machine: dict, interrupted: bool = False) -> None:
+    """The run's results as JSON, written atomically; ``interrupted``: the cases that finished before Ctrl-C."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps({"gpuwise_bench": 1, "machine": machine, "results": to_dicts(results)}, indent=2))
+        tmp.write_text(json.dumps({"gpuwise_bench": 1, "machine": machine, "interrupted": interrupted,
+                                   "results": to_dicts(results)}, indent=2))
 
 
 def load(path: str | os.PathLike) -> tuple[dict, list[BenchResult]]:

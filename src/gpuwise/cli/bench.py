@@ -2,14 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 
 from gpuwise.cli._app import DeviceOption, FormatOption, JsonFlag, app, check_plot, output_format
 from gpuwise.errors import GpuwiseError
+
+
+@contextlib.contextmanager
+def _stops_like_ctrl_c() -> Iterator[list[int]]:
+    """SIGTERM and SIGHUP (a scheduler's stop, a closed ssh session) end the run as Ctrl-C does, keeping what was
+    measured, instead of killing it with nothing said; yields the signals received (none: Ctrl-C, if any)."""
+    got: list[int] = []
+
+    def stop(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        for name in ("SIGTERM", "SIGHUP"):  # by name: SIGHUP does not exist on Windows
+            if hasattr(signal, name):
+                previous[getattr(signal, name)] = signal.signal(getattr(signal, name), stop)
+    try:
+        yield got
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupted_line(report, signum: int, *, table: bool, plot: bool) -> str:
+    """ "interrupted after 5 of 12 cases: the 5 rows above are complete measurements, saved in run.json" """
+    n = len(report.results)
+    why = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+    if n == 0:
+        return f"interrupted{why} before any case finished: nothing was measured"
+    if n == 1:
+        what = f"the {'row above' if table else 'result'} is a complete measurement"
+    else:
+        what = f"the {n} {'rows above' if table else 'results'} are complete measurements"
+    kept = f", saved in {report.saved}" if report.saved else ""
+    return f"interrupted{why} after {n} of {report.planned} cases: {what}{kept}{'; no roofline drawn' if plot else ''}"
 
 
 def _items(value: str | None) -> tuple[str, ...] | None:
@@ -19,8 +59,8 @@ def _items(value: str | None) -> tuple[str, ...] | None:
 
 @app.command()
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="Small sizes, few repeats (30-60 s on a 2-core CPU: "
-                                                        "64 s of CPU time).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes, few repeats, at most 5 s a case (10-40 s on "
+                                                        "a 2-core CPU).")] = False,
     ops: Annotated[str | None, typer.Option(help="Comma-separated: gemm, copy, h2d, attention, conv2d, block, "
                                                  "train-step (default: all).")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="GEMM dtypes, comma-separated: fp32, tf32, fp16, "
@@ -32,6 +72,10 @@ def bench(
                                                            "give it twice to compare two files.")] = None,
     calibrate: Annotated[bool, typer.Option("--calibrate", help="Store the measured GEMM and copy rates for "
                                                                 "later plans of this device.")] = False,
+    case_limit: Annotated[float | None, typer.Option(
+        "--case-limit", help="Seconds one case may take, warm-up and repeats together: a size this run's own "
+                             "measurements say would take longer runs smaller or not at all, and says why (a CPU "
+                             "that emulates bf16) [5 with --quick, else 30; 0: no limit].")] = None,
     json_out: JsonFlag = False,
     output: FormatOption = None,
 ) -> None:
@@ -47,7 +91,7 @@ def bench(
     from gpuwise.bench.run import BenchOptions, compare_runs, run_bench  # without torch: the options first
 
     options = BenchOptions(quick=quick, ops=_items(ops), dtypes=_items(dtype), device=device, save=save, plot=plot,
-                           compare=tuple(compare or ()), calibrate=calibrate)
+                           compare=tuple(compare or ()), calibrate=calibrate, case_limit=case_limit)
     if not options.runs:
         render.emit(compare_runs(*options.compare), format=fmt)
         return
@@ -58,18 +102,43 @@ def bench(
                            "--compare new.json")
     from gpuwise.hardware.calibration import data_dir
     from gpuwise.hardware.device import local_machine
+    from gpuwise.render.bench import BenchStream, render_comparison
 
     machine = local_machine(os.environ)
-    enabled = render.show_progress(fmt)
-    with render.progress("bench", enabled=enabled) as say:
-        report = run_bench(options, machine, calibration_dir=data_dir(os.environ), progress=say if enabled else None)
-    render.emit(report, format=fmt)
+    console = render.terminal()
+    # a table shows each row as its case finishes; json, csv and md print once, at the end (after Ctrl-C too)
+    stream = BenchStream(console, status=sys.stderr if render.show_progress(fmt) else None) if fmt == "table" else None
+    with _stops_like_ctrl_c() as signals:
+        try:
+            if stream:
+                stream.status("bench: loading torch")
+            report = run_bench(options, machine, calibration_dir=data_dir(os.environ),
+                               progress=stream.status if stream else None, on_start=stream.start if stream else None,
+                               on_result=stream.row if stream else None)
+        except KeyboardInterrupt:
+            if not signals:
+                raise  # Ctrl-C before the first case: "error: interrupted", 130
+            print(f"error: interrupted ({signal.Signals(signals[-1]).name}) before any case ran", file=sys.stderr)
+            raise typer.Exit(128 + signals[-1]) from None
+        finally:
+            if stream:
+                stream.clear()
+        if stream:
+            stream.finish(report.results)
+            if report.comparison is not None:
+                render_comparison(report.comparison, console)
+        else:
+            render.emit(report, format=fmt)
     if report.calibration_skipped:
         print(f"calibration not stored: {report.calibration_skipped}", file=sys.stderr)
     elif report.calibration is not None and fmt == "table":
         quick_note = " (--quick sizes: below what the full suite reaches)" if report.quick else ""
         print(f"calibration for {report.calibration.device} stored in {report.calibration_path}{quick_note}: "
               "plans for it use these rates")
+    if report.interrupted:
+        signum = signals[-1] if signals else signal.SIGINT
+        print(_interrupted_line(report, signum, table=stream is not None, plot=plot is not None), file=sys.stderr)
+        raise typer.Exit(128 + signum)  # 130 for Ctrl-C, 143 SIGTERM, 129 SIGHUP: as a shell says
     if plot is not None:
         from gpuwise.plot import plot_bench
 
