@@ -7,6 +7,7 @@ with ``GPUWISE_DEBUG=1``. Anything else is our bug: exit 3.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import inspect
@@ -15,6 +16,7 @@ import re
 import signal
 import sys
 import traceback
+import unicodedata
 
 import typer
 
@@ -61,10 +63,49 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+# What the output's own characters become on a stream that cannot encode them (PYTHONIOENCODING=ascii, LC_ALL=C
+# without Python's UTF-8 mode, a latin-1 terminal): one ASCII character where one says it, so tables keep their
+# columns; anything else as its compatibility decomposition's ASCII letters (superscript 2 -> 2), else "?"
+_ASCII = {"·": "-", "×": "x", "—": "-", "–": "-", "−": "-", "⁻": "-", "µ": "u", "μ": "u", "…": "...", "→": "->",
+          "←": "<-", "≈": "~", "±": "+/-", "≤": "<=", "≥": ">=", "÷": "/", "°": " deg", "§": "sec. ", "█": "#",
+          "─": "-", "━": "-", "│": "|", "┃": "|", "‘": "'", "’": "'", "“": '"', "”": '"', "✓": "ok", "✗": "x",
+          "\u00a0": " "}
+_FALLBACK = "gpuwise-ascii"
+
+
+def _fallback(exc: UnicodeError) -> tuple[str, int]:
+    """The codec error handler ``_FALLBACK``: the characters the stream's encoding cannot take, as ``_ASCII`` says."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    out = []
+    for c in exc.object[exc.start:exc.end]:
+        plain = unicodedata.normalize("NFKD", c).encode("ascii", "ignore").decode()
+        out.append(_ASCII.get(c) or plain or "?")
+    return "".join(out), exc.end
+
+
+codecs.register_error(_FALLBACK, _fallback)
+
+
+def _encodable_output() -> None:
+    """stdout and stderr that encode every character we print: where the stream's encoding cannot (ascii, latin-1),
+    its errors go to ``_FALLBACK`` instead of a UnicodeEncodeError (exit 3) halfway through a table."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            "·×—µ…→─".encode(encoding)
+        except UnicodeEncodeError:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.reconfigure(errors=_FALLBACK)  # type: ignore[union-attr]
+        except LookupError:  # an encoding Python does not know: it could not have printed anything either
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code: 0 ok, 1 a check failed, 2 a usage error, 3 a bug (the traceback too
     with GPUWISE_DEBUG=1), 130 interrupted, 141 (128 + SIGPIPE, as the shell reports cat's) when the reader of a pipe
     left early."""
+    _encodable_output()
     argv = list(sys.argv[1:] if argv is None else argv) or ["--help"]
     debug = os.environ.get("GPUWISE_DEBUG", "") not in ("", "0")
     command = typer.main.get_command(app)

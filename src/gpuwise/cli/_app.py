@@ -115,6 +115,31 @@ def check_plot(plot: str | None) -> None:
 
 
 
+def comma_list(text: str | None, flag: str, what: str, example: str) -> tuple[str, ...]:
+    """ "h100, a100" -> ("h100", "a100"); None -> () (any). A list that names nothing (--segment '', --gpu ',') is a
+    slip, not "any": refused."""
+    from gpuwise.errors import GpuwiseError
+
+    if text is None:
+        return ()
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise GpuwiseError(f"{flag} {text!r} names no {what}", f"pass e.g. {flag} {example}, or drop {flag} for "
+                           f"every {what}")
+    return items
+
+
+def gpu_names(text: str | None) -> tuple[str, ...]:
+    """``--gpu`` as plan and recommend read it, before the catalog loads: one catalog GPU or several, comma-separated
+    ("h100,a100"); () without it (every catalog GPU)."""
+    return comma_list(text, "--gpu", "GPU", "h100,a100 (gpuwise gpus lists the catalog keys)")
+
+
+def gpu_keys(names: tuple[str, ...], catalog) -> tuple[str, ...]:
+    """The catalog keys of ``gpu_names``, each once, in the order given (an unknown name: the catalog's one line)."""
+    return tuple(dict.fromkeys(catalog.get(name).key for name in names))
+
+
 def output_format(output: str | None, json_flag: bool) -> str:
     """The one output format ``--format`` and ``--json`` ask for, checked before any work: "table" without either.
 

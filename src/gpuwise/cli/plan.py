@@ -33,6 +33,8 @@ from gpuwise.cli._app import (
     WeightsOption,
     app,
     check_plot,
+    gpu_keys,
+    gpu_names,
     output_format,
 )
 from gpuwise.errors import GpuwiseError
@@ -92,9 +94,10 @@ def plan(
     moe_imbalance: MoeImbalanceOption = None,
     nodes: NodesOption = None,
     offload: OffloadOption = None,
-    gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, with remedies if it does not "
-                                                 "fit (default: every catalog GPU; remedies for --device's "
-                                                 "GPU, else h100-sxm).")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Fit on this catalog GPU only, or on these, comma-separated "
+                                                 "(h100,a100: max batch and remedies for the first), with remedies "
+                                                 "if it does not fit (default: every catalog GPU; remedies for "
+                                                 "--device's GPU, else h100-sxm).")] = None,
     device: DeviceOption = None,
     solve: Annotated[str | None, typer.Option(help="max-context, max-batch or min-gpus: the longest --seq (--context "
                                                    "for decode), the largest --micro-batch or the fewest --gpus "
@@ -124,9 +127,10 @@ def plan(
         render.emit(render.ModelList(tuple(MODELS.values())), format=fmt)
         return
     check_plot(plot)
-    if gpu is not None and not gpu.strip():
-        raise GpuwiseError("--gpu '' names no GPU", "pass a catalog key (gpuwise gpus lists them), or drop --gpu for "
-                           "every catalog GPU")
+    gpus = gpu_names(gpu)  # as recommend reads --gpu: one catalog GPU, or several comma-separated
+    if solve is not None and len(gpus) > 1:
+        raise GpuwiseError(f"--solve {solve} solves for one GPU; --gpu names {len(gpus)}",
+                           f"pass one --gpu (e.g. --gpu {gpus[0]}), or plan without --solve to see them all fit")
     from gpuwise.planning.setup import Request, resolve  # without torch: the arguments are checked before it loads
     from gpuwise.planning.sources.hub import model_files
 
@@ -151,16 +155,14 @@ def plan(
 
         with render.progress(f"solving {solve} for {model or hf_config}: plans on fake tensors",
                              enabled=render.show_progress(fmt)):
-            solution = solve_here(solve, model, request, environ=os.environ, hf_config=hf_config, gpu=gpu,
-                                  device=device)
+            solution = solve_here(solve, model, request, environ=os.environ, hf_config=hf_config,
+                                  gpu=gpus[0] if gpus else None, device=device)
         render.emit(solution, format=fmt)
         result = solution.plan
     else:
-        from gpuwise.planning.planner import plan_here
-
         with render.progress(f"planning {model or hf_config}: one step on fake tensors",
                              enabled=render.show_progress(fmt)):
-            result = plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpu, device=device)
+            result = _plan(model, setup, hf_config=hf_config, gpus=gpus, device=device)
         render.emit(result, format=fmt)
     if plot is not None:  # after the plan is shown: a path we cannot write loses nothing
         from gpuwise.plot import plot_plan
@@ -168,3 +170,22 @@ def plan(
         plot_plan(result, plot)
         if fmt == "table":
             print(f"timeline drawn to {plot}")
+
+
+def _plan(model: str | None, setup, *, hf_config: str | None, gpus: tuple[str, ...], device: str | None):
+    """The plan fit on ``gpus`` (--gpu), else every catalog GPU. Several GPUs: the fit table holds those (the catalog
+    for the plan is theirs alone), and max_batch and the remedies are for the first."""
+    from gpuwise.planning.planner import plan_here, plan_model, where
+
+    if len(gpus) <= 1:
+        return plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpus[0] if gpus else None,
+                         device=device)
+    from gpuwise.hardware.catalog import Catalog, load_catalog
+
+    catalog = load_catalog()
+    keys = gpu_keys(gpus, catalog)
+    context = where(os.environ, gpu=keys[0], device=device)  # --device with --gpu is refused there
+    if len(keys) == 1:
+        return plan_model(model, setup, hf_config=hf_config, **context)
+    return plan_model(model, setup, hf_config=hf_config, primary=keys[0], calibrations=context["calibrations"],
+                      catalog=Catalog(tuple(catalog.get(k) for k in keys)))

@@ -30,6 +30,9 @@ from gpuwise.cli._app import (
     WeightsOption,
     app,
     check_plot,
+    comma_list,
+    gpu_keys,
+    gpu_names,
     output_format,
 )
 from gpuwise.errors import GpuwiseError
@@ -44,18 +47,6 @@ def parse_duration(text: str) -> float:
     if not m:
         raise GpuwiseError(f"--deadline {text!r} is not a duration", "pass e.g. --deadline 36h, 3d or 90min")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
-
-
-def _list(text: str | None, flag: str, what: str, example: str) -> tuple[str, ...]:
-    """ "h100, a100" -> ("h100", "a100"); None -> () (any). A list that names nothing (--segment '', --gpu ',') is a
-    slip, not "any": refused."""
-    if text is None:
-        return ()
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not items:
-        raise GpuwiseError(f"{flag} {text!r} names no {what}", f"pass e.g. {flag} {example}, or drop {flag} for "
-                           f"every {what}")
-    return items
 
 
 @app.command()
@@ -172,9 +163,9 @@ def recommend(
     if batch is not None and batch < 1:  # not "batch or the default": --batch 0 meant the default
         raise GpuwiseError(f"--batch {batch} is not a batch", f"pass a whole number from 1, or drop --batch "
                            f"[{Run.batch}]")
-    gpus = _list(gpu, "--gpu", "GPU", "h100,a100 (gpuwise gpus lists the catalog keys)")
-    segments = _list(segment, "--segment", "segment", "consumer,workstation")
-    vendors = _list(vendor, "--vendor", "vendor", "NVIDIA,AMD")
+    gpus = gpu_names(gpu)
+    segments = comma_list(segment, "--segment", "segment", "consumer,workstation")
+    vendors = comma_list(vendor, "--vendor", "vendor", "NVIDIA,AMD")
     serving = serve or task == "infer"
     layout = [f"--{k} {v}" for k, v in (("tp", None if serving else tp), ("pp", pp), ("cp", cp), ("ep", ep),
                                        ("nodes", nodes), ("offload", offload)) if v not in (None, 1, "none")]
@@ -224,7 +215,7 @@ def recommend(
     constraints = Constraints(
         mode="buy" if buy else "rent", budget_usd=budget,
         deadline_s=None if deadline is None else parse_duration(deadline), max_gpus=max_gpus,
-        gpus=tuple(catalog.get(g).key for g in gpus), segments=segments, vendors=vendors,
+        gpus=gpu_keys(gpus, catalog), segments=segments, vendors=vendors,
         ecosystem=ecosystem, rent=rent, buy=bought, rent_kind="spot" if spot else "on-demand", provider=provider)
     goal = Goal(tokens=tokens, samples=samples)
     if serving and loss is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwise.errors import GpuwiseError
+from gpuwise.files import TooDeep, load_json
 from gpuwise.planning.setup import Setup, Weights
 from gpuwise.units import human_bytes
 
@@ -154,9 +155,12 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
             if n > _MAX_HEADER_BYTES:
                 raise GpuwiseError(f"{path} is not a safetensors file (a header of {n:,} bytes)",
                                    "pass a .safetensors file written by safetensors (save_file, save_pretrained)")
-            header = json.loads(f.read(n))
+            header = load_json(f.read(n))
     except OSError as exc:
         raise GpuwiseError(f"cannot read {path}: {exc.strerror or exc}", "pass a readable .safetensors file") from None
+    except TooDeep as exc:
+        raise GpuwiseError(f"{path} is not a safetensors file (its header is {exc})",
+                           "pass a .safetensors file written by safetensors (save_file, save_pretrained)") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise GpuwiseError(f"{path} is not a safetensors file (its header is not JSON)",
                            "pass a .safetensors file written by safetensors (save_file, save_pretrained)") from None
@@ -194,9 +198,14 @@ def read_safetensors(files: Iterable[Path], quant: Quantization | None = None) -
     rows = []
     for path in files:
         for name, t in read_safetensors_header(path).items():
-            start, end = t["data_offsets"]
-            numel = math.prod(t["shape"])
-            rows.append((t["dtype"], 1, _weights_in(name, t["dtype"], numel, quant), end - start))
+            try:
+                start, end = t["data_offsets"]
+                numel = math.prod(t["shape"])
+                rows.append((t["dtype"], 1, _weights_in(name, t["dtype"], numel, quant), end - start))
+            except (KeyError, TypeError, ValueError):  # an entry that is no tensor's dtype, shape and byte range
+                raise GpuwiseError(f"{path} is not a safetensors file (its header's {name!r} is {t!r:.80})",
+                                   "pass a .safetensors file written by safetensors (save_file, save_pretrained)"
+                                   ) from None
     return _summarise(rows)
 
 
@@ -281,7 +290,7 @@ def safetensors_files(folder: Path) -> tuple[Path, ...]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            names = sorted(set(load_json(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return ()
         files = tuple(folder / n for n in names)
