@@ -246,7 +246,8 @@ def test_train_refuses_bad_values(files, data):
                                                                        "--checkpoint-every", "--seed")}),
         _one_of_flags({"--steps": st.integers(1 << 31 + 1, 1 << 80).map(str),
                        "--seed": st.integers(1 << 32, 1 << 80).map(str),
-                       "--lr": st.sampled_from(["0", "-1", "nan", "inf", "-inf", "1e400"]) | _NOT_FLOAT}),
+                       "--lr": st.sampled_from(["0", "-1", "nan", "inf", "-inf", "1e400"]) | _NOT_FLOAT,
+                       "--data-timeout": st.sampled_from(["0", "-5", "nan", "inf", "-inf"]) | _NOT_FLOAT}),
         _one_of_flags({f: _not_in(v) for f, v in _CHOICES.items()
                        if f not in ("--optimizer", "--sharding", "--task", "--offload")}),
         _one_of_flags({"--example": _not_in(["text", "image"]), "--model": _paths(files),
@@ -272,7 +273,8 @@ def test_bench_refuses_bad_values(files, data):
     bad = data.draw(st.one_of(
         _one_of_flags({"--ops": listed(OPS), "--dtype": listed(DTYPES),
                        "--plot": _WORDS.filter(lambda w: not w.lower().endswith((".png", ".svg"))),
-                       "--device": st.sampled_from(["cpu:3", "tpu", "", "cuda:x", "gpu"])}),
+                       "--device": st.sampled_from(["cpu:3", "tpu", "", "cuda:x", "gpu"]),
+                       "--case-limit": st.sampled_from(["-1", "nan", "inf", "x"])}),
         st.sampled_from([[f"--compare={files / 'missing.json'}", f"--compare={files / 'folder'}"],
                          ["--compare=a.json", "--compare=b.json", "--quick"], ["--compare=a", "--compare=b",
                                                                                "--compare=c"],

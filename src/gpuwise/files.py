@@ -1,5 +1,6 @@
 """Files the user names and files we write: ``file.py:function`` checked before torch loads (a config path or Hub
 id: planning/sources/hub.py ``model_files``);
+JSON the user hands us read without Python's recursion limit in the way (``load_json``);
 writing safely (a temporary file in the same folder, then an atomic rename)."""
 
 from __future__ import annotations
@@ -10,8 +11,41 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from gpuwise.errors import GpuwiseError
+
+# A published config.json nests 3 or 4 levels (text_config.rope_scaling), a safetensors header 3, our own files
+# (calibrations, bench runs, checkpoints' manifests) 4: far deeper is no such file, and Python reads it only as deep
+# as its recursion limit (a 100,000-deep array: RecursionError)
+MAX_JSON_DEPTH = 100
+
+
+class TooDeep(ValueError):
+    """JSON nested past ``MAX_JSON_DEPTH`` levels: no file gpuwise reads is, and deeper still Python cannot parse."""
+
+
+def load_json(text: str | bytes) -> Any:
+    """``json.loads`` for a file the user hands us: JSON nested past ``MAX_JSON_DEPTH`` levels raises ``TooDeep`` (a
+    ValueError, as ``json.JSONDecodeError`` is), not the parser's ``RecursionError`` at Python's limit, nor a later
+    one where the value is copied or hashed (``copy.deepcopy`` of a 900-deep config.json).
+
+    >>> load_json("[" * 100_000 + "]" * 100_000)
+    Traceback (most recent call last):
+    gpuwise.files.TooDeep: nested deeper than 100 levels
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise TooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(value, 1)]
+    while stack:  # without recursion: a value nested just under the parser's limit is measured too
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise TooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
 
 
 def file_function(spec: str, flag: str) -> tuple[Path, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from gpuwise.bench import saved_run_file
 from gpuwise.bench.suite import BenchResult
 from gpuwise.errors import GpuwiseError
-from gpuwise.files import atomic_path
+from gpuwise.files import atomic_path, load_json
 from gpuwise.hardware.calibration import Calibration
 
 
@@ -33,7 +33,7 @@ def save(results: list[BenchResult], path: str | os.PathLike, *, machine: dict, 
 def load(path: str | os.PathLike) -> tuple[dict, list[BenchResult]]:
     saved_run_file(path)
     try:
-        data = json.loads(Path(path).read_text())
+        data = load_json(Path(path).read_text())
         rows = data["results"]
         names = {f.name for f in dataclasses.fields(BenchResult)}
         results = [BenchResult(**{k: (math.nan if v is None and k.endswith("_s") else v)

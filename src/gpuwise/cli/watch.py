@@ -49,7 +49,6 @@ def watch(
         if not os.access(folder, os.W_OK):
             raise GpuwiseError(f"cannot write --plot {plot}: folder {Path(plot).parent} is not writable",
                                "pick a folder you can write to")
-    from rich.console import Console
 
     from gpuwise import render
     from gpuwise.monitor.watch import watch as run_watch
@@ -58,7 +57,7 @@ def watch(
     # The live status only on a terminal: with stderr in a file or a pipe (CI, nohup, a scheduler's log) the
     # command's own stderr goes to the same place, and periodic status lines would be mixed into it; the samples
     # are in --log for that case. No live output with --json either.
-    err = Console(stderr=True, highlight=False)
+    err = render.terminal(stderr=True)
     panel = WatchPanel(err) if live and not json_out and sys.stderr.isatty() else None
 
     def started(start) -> None:

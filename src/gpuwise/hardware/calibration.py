@@ -18,7 +18,7 @@ from pathlib import Path
 import platformdirs
 
 from gpuwise.errors import GpuwiseError
-from gpuwise.files import atomic_path
+from gpuwise.files import atomic_path, load_json
 
 FILE_NAME = "calibration.json"
 
@@ -74,7 +74,7 @@ def save_calibration(cal: Calibration, folder: Path) -> Path:
 def load_calibrations(folder: Path) -> dict[str, Calibration]:
     """Every stored calibration by device; a missing or damaged file is no calibration (plans use datasheets)."""
     try:
-        data = json.loads((folder / FILE_NAME).read_text())
+        data = load_json((folder / FILE_NAME).read_text())
         return {k: Calibration(**v) for k, v in data.items()}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, AttributeError, ValueError):
         return {}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpuwise.errors import GpuwiseError
+from gpuwise.files import load_json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +173,7 @@ def from_line(line: str) -> Sample | StepEvent | OomEvent | None:
     """One log line back; None for a blank line or a kind this version does not know."""
     if not line.strip():
         return None
-    data = json.loads(line)
+    data = load_json(line)
     cls = _KINDS.get(data.pop("kind", None))
     return None if cls is None else _from_dict(cls, data)
 
@@ -194,7 +195,7 @@ def read_log(path: str | Path) -> Record:
     for i, line in enumerate(lines):
         try:
             item = from_line(line)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # TooDeep is a ValueError
             if i == len(lines) - 1:
                 break  # the writer was stopped mid-line
             raise GpuwiseError(f"{path} line {i + 1} is not a gpuwise log line: {exc}",
