@@ -156,6 +156,7 @@ def _losses(path):
     return [e["loss"] for e in map(json.loads, path.read_text().splitlines()) if "event" not in e]
 
 
+@pytest.mark.slow
 def test_fsdp_over_two_processes_matches_one_process_and_resumes_from_sharded_checkpoints(capsys, tmp_path):
     """FSDP2 (fully_shard per block) over gloo: the same losses as one process; the checkpoint is written by
     both processes with torch.distributed.checkpoint, and a resumed run continues exactly."""
@@ -308,6 +309,7 @@ stop(ranks)
 """
 
 
+@pytest.mark.slow
 def test_ddp_accumulation_all_reduces_once_per_step_not_per_micro_batch(tmp_path):
     """Four micro-batches a step on each of two processes: DDP's no_sync holds the gradient all-reduce to the
     last one (a tiny model is one bucket), so 3 steps make 3 all-reduces, not 12.

@@ -87,6 +87,7 @@ def build(batch):  # 16.8M parameters (67 MB of gradients to all-reduce) for a f
 '''
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_whose_all_reduce_dwarfs_their_work_are_communication_bound(tmp_path):
     f = tmp_path / "comm.py"
     f.write_text(COMM)

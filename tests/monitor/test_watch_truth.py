@@ -86,6 +86,7 @@ def test_a_plain_loop_with_a_sleepy_loader_under_watch_is_not_judged_never_healt
     assert out.got == "not-judged" and "step timings" in out.figure
 
 
+@pytest.mark.slow
 def test_the_same_loop_with_monitor_is_input_bound():
     out = _passes("b", attempts=2)
     assert out.got.startswith("input-bound")

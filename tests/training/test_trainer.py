@@ -230,6 +230,7 @@ def test_activation_checkpointing_and_fused_adamw_take_the_same_steps():
     assert [log.loss for log in fused.logs] == pytest.approx([log.loss for log in plain.logs], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_compiled_model_takes_the_same_steps():
     config = TrainConfig(steps=3, batch=4, log_every=1)
     eager = _trainer(config).fit()
@@ -280,6 +281,7 @@ def check_default_loss(model, x, labels, values):
     assert default_loss(model, x, None) == pytest.approx(float(model(x).square().mean()))
 
 
+@pytest.mark.slow
 def test_image_task_learns_and_accumulation_equals_one_batch():
     from gpuwise.training.tasks import image_task
 
