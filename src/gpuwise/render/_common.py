@@ -164,7 +164,7 @@ def _cells(columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str 
 
 def _layout(columns: Sequence[Column], cells: list[list[Text]], width: int, edge: bool) -> tuple[dict[int, int], bool]:
     """The columns a table ``width`` wide shows, each with its width, and whether they fit: the least-important
-    column goes first (among equals the rightmost), then the widest of the ``wrap`` columns narrows. False when
+    column goes first (among equals the rightmost), then the ``wrap`` columns narrow, the widest first. False when
     even the priority-0 columns at their least are wider than ``width``."""
     sizes = [_widths([row[i] for row in cells], col.title, col.wrap) for i, col in enumerate(columns)]
     shown = list(range(len(columns)))
@@ -176,12 +176,15 @@ def _layout(columns: Sequence[Column], cells: list[list[Text]], width: int, edge
         shown.remove(drop)
     widths = {i: sizes[i][0] for i in shown}
     excess = sum(widths.values()) + _overhead(len(shown), edge) - width
-    for i in sorted((i for i in shown if columns[i].wrap), key=lambda i: -widths[i]):  # the widest wraps first
-        if excess <= 0:
+    # the widest wrapping column gives a character at a time, so wrapped columns end up alike (a long job name
+    # beside long answers wraps into a few lines each, not one of them into a word a line)
+    while excess > 0:
+        i = max((i for i in shown if columns[i].wrap and widths[i] > sizes[i][1]), key=lambda i: (widths[i], i),
+                default=None)
+        if i is None:
             break
-        give = min(excess, widths[i] - sizes[i][1])
-        widths[i] -= give
-        excess -= give
+        widths[i] -= 1
+        excess -= 1
     return widths, excess <= 0
 
 
