@@ -162,6 +162,19 @@ def test_pace_predicts_from_the_largest_gemm_it_saw():
 
 # -- Ctrl-C, SIGTERM: what was measured stays -------------------------------------------------------------------
 
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C raising KeyboardInterrupt, as in a terminal: a suite started in the background (`&` in a script, nohup)
+    inherits SIGINT ignored, and so would the runs it starts."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sigint_as_in_a_terminal() -> None:  # in the child, before exec: Python then installs its own handler
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after(n: int, sig: int = signal.SIGINT):
     """As the n-th case is timed, this process gets ``sig`` for real (as from the terminal or a scheduler): that
     case is dropped, the ones before it kept."""
@@ -177,7 +190,8 @@ def test_ctrl_c_in_a_real_run_keeps_the_rows_printed_and_saved(tmp_path):
     saved = tmp_path / "run.json"
     proc = subprocess.Popen([sys.executable, "-m", "gpuwise", "bench", "--ops", "gemm", "--dtype", "fp32", "--device",
                              "cpu", "--save", str(saved)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"},
+                            preexec_fn=_sigint_as_in_a_terminal)
     try:
         seen = ""
         deadline = time.monotonic() + 120
@@ -206,7 +220,7 @@ def test_ctrl_c_in_a_real_run_keeps_the_rows_printed_and_saved(tmp_path):
     assert rows[0] == "256" and all(r["repeats"] > 0 for r in data["results"])
 
 
-def test_json_after_ctrl_c_holds_what_was_measured(capsys, monkeypatch):
+def test_json_after_ctrl_c_holds_what_was_measured(capsys, monkeypatch, ctrl_c):
     """--json prints at the end: after a real SIGINT it prints the cases that finished, "interrupted": true."""
     monkeypatch.setattr(suite, "run_case", _timer({"fp32": 100e9}, after=_interrupt_after(3)))
     code, out, err = run_cli(capsys, *FAST, "--json")
@@ -227,7 +241,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_with_exit_143(capsys, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
 
-def test_an_interrupted_run_stores_no_calibration(capsys, tmp_path, monkeypatch):
+def test_an_interrupted_run_stores_no_calibration(capsys, tmp_path, monkeypatch, ctrl_c):
     """On a catalog GPU, --calibrate stores the best rates of a run; part of one would undercut the GPU in every later
     plan, so Ctrl-C stores none and says so."""
     from gpuwise.hardware import device as devices

@@ -24,7 +24,7 @@ import gpuwise.planning.sources.hf_audio as hf_audio
 import gpuwise.planning.sources.hf_inputs as hf_inputs
 from gpuwise.compat import DataDependentOutputException, tree_leaves
 from gpuwise.errors import GpuwiseError, first_line
-from gpuwise.files import TooDeep, load_json
+from gpuwise.files import TooDeep
 from gpuwise.models.loss import IGNORE_INDEX, causal_lm_loss
 from gpuwise.planning.capture.blocks import Misaligned, find_blocks, kinds_of, signatures
 from gpuwise.planning.experts import Experts, experts_of
@@ -38,11 +38,18 @@ from gpuwise.planning.sources.checkpoint import (
     safetensors_files,
 )
 from gpuwise.planning.sources.hf_build import concrete_constants, top1_routers
+from gpuwise.planning.sources.hf_config import (
+    HEADS,
+    LAYERS,
+    WIDTH,
+    as_transformers_reads,
+    check_sizes,
+    read_config,
+)
 
 _MAX_LAYERS = 10_000  # Llama 3.1 405B has 126 blocks
 # config.json's keys for the stack's depth, the attention heads and the width: transformers' standard names, then
 # GPT-2's (GPT2Config's attribute_map: n_layer, n_head, n_embd)
-_LAYERS, _HEADS, _WIDTH = ("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embd")
 # --attention -> the attn_implementation transformers builds with: FlashAttention-2 and FlexAttention run as SDPA,
 # whose CPU flash kernel keeps what the CUDA kernels keep (the output and its logsumexp). transformers'
 # "flash_attention_2" needs the flash_attn package and a CUDA device, and its "flex_attention" compiles a kernel that
@@ -79,7 +86,7 @@ class HFSource:
         if path.is_dir():
             path = path / "config.json"
         try:
-            config = _read_config(path)
+            config = read_config(path)
         except FileNotFoundError:
             raise GpuwiseError(f"no such file: {path}", "pass --hf-config path/to/config.json") from None
         except TooDeep as exc:
@@ -91,7 +98,7 @@ class HFSource:
 
     @classmethod
     def _checked(cls, path: Path, config: Any, label: str | None, info: CheckpointInfo | None) -> HFSource:
-        """``config`` checked, then as transformers reads it (``_as_transformers_reads``)."""
+        """``config`` checked, then as transformers reads it (``as_transformers_reads``)."""
         if not isinstance(config, dict) or "model_type" not in config:
             raise GpuwiseError(f"{path} has no model_type", "pass a Hugging Face config.json")
         if not isinstance(config["model_type"], str):
@@ -106,8 +113,8 @@ class HFSource:
             if isinstance(layers, int) and layers > _MAX_LAYERS:
                 raise GpuwiseError(f"{path}: {key} {layers:,} is more blocks than any model has "
                                    f"(the most gpuwise plans is {_MAX_LAYERS:,})", f"check {key} in config.json")
-        _check_sizes(path, config)
-        return cls(path=path, config=_as_transformers_reads(path, config), label=label, checkpoint=info)
+        check_sizes(path, config)
+        return cls(path=path, config=as_transformers_reads(path, config), label=label, checkpoint=info)
 
     @property
     def name(self) -> str:
@@ -117,7 +124,7 @@ class HFSource:
     def n_layer(self) -> int | None:
         """The blocks of the stack (``num_hidden_layers``), where the model built on the meta device has that many in
         its stack (else None: captured whole)."""
-        layers = _first(self.config, _LAYERS)
+        layers = _first(self.config, LAYERS)
         sigs = self._signatures()
         return layers if isinstance(layers, int) and sigs is not None and len(sigs) == layers else None
 
@@ -163,11 +170,11 @@ class HFSource:
         """The KV-cache dimensions from config.json (decoder-only models: a CausalLM architecture)."""
         c = self.config
         archs = c.get("architectures") or []
-        layers, heads = _first(c, _LAYERS), _first(c, _HEADS)
+        layers, heads = _first(c, LAYERS), _first(c, HEADS)
         if not (isinstance(layers, int) and isinstance(heads, int) and self.causal_lm and archs):
             return None
         kv = c.get("num_key_value_heads") or heads
-        head_dim = c.get("head_dim") or (_first(c, _WIDTH) or 0) // heads
+        head_dim = c.get("head_dim") or (_first(c, WIDTH) or 0) // heads
         latent = (c["kv_lora_rank"] + c["qk_rope_head_dim"]  # multi-head latent attention (Decoder's docstring)
                   if isinstance(c.get("kv_lora_rank"), int) and isinstance(c.get("qk_rope_head_dim"), int) else 0)
         return (Decoder(layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, kv_latent=latent) if head_dim
@@ -412,105 +419,6 @@ def _own_attention(value: Any) -> Attention | None:
                  if key in value.lower()), None)
 
 
-def _read_config(path: Path) -> Any:
-    """config.json as transformers reads it (``PretrainedConfig._dict_from_json_file``): JSON with bare ``Infinity``
-    and ``NaN``, and the ``{"__float__": "Infinity"}`` tags transformers writes for them (Mamba-2's
-    ``time_step_limit``), read by ``load_json`` (no deeper than a config nests: ``TooDeep``). Without transformers,
-    plain JSON: nothing is built then, and the build says why."""
-    config = load_json(path.read_text(encoding="utf-8"))
-    try:
-        from transformers import PretrainedConfig
-    except ImportError:
-        return config
-    decode = getattr(PretrainedConfig, "_decode_special_floats", None)  # transformers 5 (json reads them before)
-    return decode(config) if decode is not None else config
-
-
-# The sizes transformers builds tensors and loops from: each a whole number of at least 1 where config.json gives it
-# as a number or a string (null is transformers' "unset"; a list or a mapping is one a stage or a layer, SegFormer's
-# heads, Gemma-3n's widths); 0 blocks planned a model without a stack, -1 hidden size failed deep in torch
-_SIZES = (*_LAYERS, *_HEADS, *_WIDTH, "vocab_size", "num_key_value_heads", "d_model", "intermediate_size")
-# What transformers' config class fills in where config.json says nothing, read for the planner as from_pretrained
-# gives it: the depth a missing num_hidden_layers means (without it the stack was captured whole, minutes for a 7B
-# model; with it, its first blocks), the heads and width the KV cache is sized from, the vocabulary
-_DEFAULTED = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size")
-# transformers' mappings of the language-model heads a checkpoint of each model_type is saved as, besides the causal
-# LM (modeling_auto.py): a model_type in the causal mapping and none of these is a decoder-only LM. An image model
-# is saved as its bare model (CLIPModel) as often as with a classifier: not told from its model_type
-_OTHER_HEADS = ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-                "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "MODEL_FOR_CTC_MAPPING_NAMES",
-                "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES")
-
-
-def _check_sizes(path: Path, config: dict) -> None:
-    """Every size in ``_SIZES`` config.json (or one of its ``*_config`` sub-configs) gives is a whole number >= 1,
-    else one line naming the key and the value."""
-    scopes = [("", config), *((f"{k}.", v) for k, v in config.items() if k.endswith("_config") and isinstance(v, dict))]
-    for prefix, scope in scopes:
-        for key in _SIZES:
-            value = scope.get(key)
-            if value is None or isinstance(value, (list, dict)) or (
-                    isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                continue
-            raise GpuwiseError(f"{path}: {prefix}{key} {json.dumps(value)[:60]} is not a whole number of at least 1",
-                               f"fix {prefix}{key} in config.json, or drop it for transformers' default")
-
-
-def _as_transformers_reads(path: Path, config: dict) -> dict:
-    """``config`` with what ``from_pretrained`` would make of it where config.json leaves it out: the ``_DEFAULTED``
-    sizes from transformers' config class (GPT-2's under its own names, ``n_layer``...), and ``architectures`` from
-    the model_type (``_architecture``). Unchanged without transformers, or for a model_type or values it does not take
-    (the build says why)."""
-    try:
-        import transformers
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    except ImportError:
-        return config
-    if config["model_type"] not in CONFIG_MAPPING_NAMES:
-        return config
-    out = dict(config)
-    if not config.get("architectures"):
-        out["architectures"] = [_architecture(path, config["model_type"])]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            full = transformers.AutoConfig.for_model(
-                **{k: v for k, v in config.items() if k not in ("torch_dtype", "dtype")})
-    except Exception:
-        return out
-    names = getattr(full, "attribute_map", None) or {}
-    for name in _DEFAULTED:
-        key = names.get(name, name)  # GPT-2 keeps num_hidden_layers as n_layer
-        value = getattr(full, key, None)
-        if name not in config and key not in config and isinstance(value, int) and not isinstance(value, bool) \
-                and value >= 1:
-            out[key] = value
-    return out
-
-
-def _architecture(path: Path, model_type: str) -> str:
-    """The class a config.json without ``architectures`` is built as, from its model_type by transformers' own
-    mappings: a decoder-only LM's causal LM (Llama's LlamaForCausalLM, as AutoModelForCausalLM builds it), or the one
-    class its model_type has among the heads of ``_OTHER_HEADS`` (T5's T5ForConditionalGeneration). A model_type saved
-    as several (BERT: masked LM or causal LM), or as none of them (ViT), cannot be told: one line asking for
-    ``architectures``."""
-    from transformers.models.auto import modeling_auto
-
-    causal = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    others = [getattr(modeling_auto, m, {}).get(model_type) for m in _OTHER_HEADS]
-    # the causal LM last, for the example: a BERT is seldom saved as BertLMHeadModel
-    heads = list(dict.fromkeys(c for c in (*others, causal) if isinstance(c, str)))
-    if len(heads) == 1:
-        return heads[0]
-    hint = "add the class the checkpoint was saved as to config.json, e.g. "
-    if not heads:
-        raise GpuwiseError(f"{path} has no architectures, and model_type {model_type!r} has no language-model head "
-                           "in transformers to build it as",
-                           hint + f'"architectures": ["{modeling_auto.MODEL_MAPPING_NAMES.get(model_type, "...")}"]')
-    raise GpuwiseError(f"{path} has no architectures, and transformers builds model_type {model_type!r} as one of "
-                       f"{', '.join(heads[:4])}", hint + f'"architectures": ["{heads[0]}"]')
-
-
 def _construct(transformers: ModuleType, cls: type | None, config: Any) -> nn.Module:
     """The model of ``config``. Where its weight initialisation reads tensor values, which fake tensors do not have
     (torch 2.13's ``trunc_normal_``, ModernBERT's and ViT's initialiser), it is built again without initialising:
@@ -575,7 +483,7 @@ def _first_blocks(cfg: dict, n_layer: int) -> dict:
     """``cfg`` for the stack's first ``n_layer`` blocks: ``num_hidden_layers``, and every list with one entry a block
     (``layer_types``, ``no_rope_layers``...) or pattern string with one letter a block (Nemotron-H's
     ``hybrid_override_pattern``) cut to as many. Whether that built the first blocks, the build checks."""
-    depth = next(k for k in _LAYERS if _first(cfg, (k,)) is not None)  # num_hidden_layers, or GPT-2's n_layer
+    depth = next(k for k in LAYERS if _first(cfg, (k,)) is not None)  # num_hidden_layers, or GPT-2's n_layer
     full = cfg[depth]
     out = dict(cfg, **{depth: n_layer})
     for key, value in cfg.items():
