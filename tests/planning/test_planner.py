@@ -83,3 +83,22 @@ def test_qlora_base_is_four_bits():
     # NF4: 0.5 B/param + 8-bit absmax per 64 + fp32 per 256 absmax (Dettmers et al. 2023: ~4.127 bits)
     expected = 2 * embed_and_norms + quantised * (0.5 + 1 / 64 + 4 / (64 * 256)) + adapters
     assert weights == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.own_captures  # counts the captures that really run
+def test_the_batch_model_reuses_the_captures_at_the_batch(monkeypatch):
+    """A Planner asked for a step without its batch model, then with it (plan's remedies, train --auto), captures the
+    step at the batch once: only the 3-block capture at batch + 1 runs the second time (the 2-block one is derived).
+    Before, the second request ran every capture again (with GPUWISE_CACHE=off, or for a model from a file)."""
+    from gpuwise.planning.capture import workload as workload_module
+    from gpuwise.planning.planner import Planner
+
+    monkeypatch.setenv("GPUWISE_CACHE", "off")
+    calls = []
+    real = workload_module.capture
+    monkeypatch.setattr(workload_module, "capture", lambda *a, **k: calls.append(k) or real(*a, **k))
+    planner, setup = Planner(ZooSource(zoo=get_model("gpt2"))), Setup(micro_batch=2, seq=32)
+    planner.workload(setup)
+    assert [(k["batch"], k["n_layer"]) for k in calls] == [(2, 2), (2, 3)]
+    with_model = planner.workload(setup, batch_model=True)
+    assert [(k["batch"], k["n_layer"]) for k in calls[2:]] == [(3, 3)] and with_model.batch_model is not None

@@ -16,7 +16,7 @@ from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.hardware.calibration import Calibration
 from gpuwise.hardware.catalog import Accelerator, Catalog, load_catalog
 from gpuwise.planning.capture.tracker import CATEGORIES
-from gpuwise.planning.capture.workload import Workload, simulate_if_applicable
+from gpuwise.planning.capture.workload import Workload, keeping, simulate_if_applicable
 from gpuwise.planning.cost.comm import expert_parallel
 from gpuwise.planning.cost.kv_cache import stored_as
 from gpuwise.planning.cost.serving import DecodeRead
@@ -81,6 +81,7 @@ class Planner:
         self.source = source
         self._workloads: dict[tuple[Setup, bool], Workload] = {}
         self._per_gpu: dict[Setup, PerGpu] = {}
+        self._captures: dict = {}  # (setup, batch, blocks) -> Capture: the batch model reuses the captures before it
 
     def workload(self, setup: Setup, *, batch_model: bool = False) -> Workload:
         """The capture of ``setup`` (one GPU: sharding applies after it), with the attention its step runs
@@ -90,7 +91,9 @@ class Planner:
         key = replace(capture_setup(resolved_attention(self.source, setup)), kv_dtype=None)
         hit = self._workloads.get((key, True)) or (None if batch_model else self._workloads.get((key, False)))
         if hit is None:
-            hit = self._workloads[key, batch_model] = simulate_if_applicable(self.source, key, batch_model=batch_model)
+            with keeping(self._captures):
+                hit = simulate_if_applicable(self.source, key, batch_model=batch_model)
+            self._workloads[key, batch_model] = hit
         return hit
 
     def per_gpu(self, setup: Setup, *, batch_model: bool = False) -> PerGpu:

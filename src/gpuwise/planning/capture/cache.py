@@ -3,7 +3,7 @@
 A capture is device independent and deterministic: the same code, torch and model give the same recording. So
 ``plan``, ``recommend`` and ``train --auto`` keep each one (about 0.1 MB) in ``$XDG_CACHE_HOME/gpuwise/captures``
 (else ``~/.cache/gpuwise/captures``) and read it back the next time: ``gpuwise recommend --model llama2-7b`` runs
-16 captures the first time and none after. The key is everything the recording depends on: the bytes of
+18 captures the first time and none after. The key is everything the recording depends on: the bytes of
 gpuwise's own source files, torch's (and for a config.json, transformers') version, the model and the setup.
 Your own ``file.py:function`` models are never kept: what they import can change without the file changing.
 

@@ -12,6 +12,10 @@ repeats the inserted block L-2 times, each copy offset by what one block leaves 
 scales the shared samples by L-2. With L=2 or 3 it gives back the captures themselves.
 A stack whose blocks differ (blocks.py: dense then MoE, sliding and global attention) is captured
 the same way with a repeating unit of blocks in place of the block.
+
+Of the four captures, the 2-block one at b+1 is not run (``fewer_blocks_at``): each of its ops and
+storages grows with the batch as the same op and storage of the 3-block step does, which the other
+three captures give. A capture is most of a cold plan's time; this is one in four of them.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ import numpy as np
 
 from gpuwise.planning.capture.blocks import Misaligned, Stack
 from gpuwise.planning.capture.step import Capture, weighed
-from gpuwise.planning.capture.tracker import OpRows
+from gpuwise.planning.capture.tracker import IN_STEP, NO_BLOCK, PHASES, OpRows
 
-__all__ = ["Misaligned", "Timeline", "batch_affine", "capture_at", "extrapolate_blocks"]
+__all__ = ["Misaligned", "Timeline", "batch_affine", "capture_at", "extrapolate_blocks", "fewer_blocks_at"]
 
 
 @dataclass(frozen=True)
@@ -76,16 +80,22 @@ def _affine_dims(x1: np.ndarray, x2: np.ndarray, b1: int, b2: int, batch: int) -
     return np.where(x1 > 0, np.maximum(got, 1), 0)
 
 
+def _paired(a: Capture, b: Capture) -> bool:
+    """Captures of the same step at two batch sizes that ran the same ops and allocated the same storages at them."""
+    return not (a.ops != b.ops or a.labels != b.labels or a.rows is None or b.rows is None
+                or not a.rows.same_ops(b.rows) or a.storages is None or b.storages is None
+                or not a.storages.same_lives(b.storages)
+                or (a.end_of_forward, a.held, a.grad_accum, a.fb_ops, a.fb_samples, a.first_ops, a.first_samples)
+                != (b.end_of_forward, b.held, b.grad_accum, b.fb_ops, b.fb_samples, b.first_ops, b.first_samples)
+                or a.uncosted != b.uncosted or a.params != b.params or a.batch == b.batch)
+
+
 def capture_at(a: Capture, b: Capture, batch: int) -> Capture:
     """The capture at ``batch`` as two captures of the same step (at ``a.batch`` and ``b.batch``) predict it:
     every storage's size and every op's FLOPs and bytes affine in the batch (see the module docstring), each
     storage then rounded as the allocator rounds it, the weighted totals and per-op costs recomputed from those
     ops. Misaligned if the two did not allocate the same storages at the same ops and run the same ops."""
-    if (a.ops != b.ops or a.labels != b.labels or a.rows is None or b.rows is None or not a.rows.same_ops(b.rows)
-            or a.storages is None or b.storages is None or not a.storages.same_lives(b.storages)
-            or (a.end_of_forward, a.held, a.grad_accum, a.fb_ops, a.fb_samples, a.first_ops, a.first_samples)
-            != (b.end_of_forward, b.held, b.grad_accum, b.fb_ops, b.fb_samples, b.first_ops, b.first_samples)
-            or a.uncosted != b.uncosted or a.params != b.params or a.batch == b.batch):
+    if not _paired(a, b):
         raise Misaligned(f"batch {a.batch} and batch {b.batch} ran different ops")
     if batch in (a.batch, b.batch):
         return a if batch == a.batch else b
@@ -176,3 +186,111 @@ def extrapolate_blocks(t2: Timeline, t3: Timeline, n_layer: int | Stack) -> Time
     base = np.concatenate([p[0] for p in parts])
     slope = np.concatenate([p[1] for p in parts])
     return Timeline(labels=tuple(labels), base=base, slope=slope, end_of_forward=eof)
+
+
+def fewer_blocks_at(small: Capture, large: Capture, large_next: Capture, stack: Stack) -> Capture:
+    """The capture of ``stack.small`` blocks at ``large_next.batch``, without running it: ``small`` (that step at
+    ``large.batch``) with each op and storage grown by what its counterpart in the ``small + period``-block step grew
+    by from ``large`` to ``large_next``. Counterparts are what extrapolate_blocks pairs: the larger step less its
+    inserted unit, sample by sample, op row by op row and storage by storage, each checked to be the same op, block,
+    category and size at ``large.batch``. The optimizer step's ops and storages must not grow with the batch (they are
+    the parameters', gradients' and states'), nor may anything the captures say is independent of it.
+
+    Misaligned where any of it does not hold: the smaller step is then captured at that batch."""
+    if not _paired(large, large_next) or small.batch != large.batch:
+        raise Misaligned(f"batch {large.batch} and batch {large_next.batch} ran different ops")
+    steady = ("trainable_params", "block_bytes", "block_trainable_params", "paged_bytes", "embeddings", "routing",
+              "uncosted_first", "uncosted_optimizer")
+    if any(getattr(large, f) != getattr(large_next, f) for f in steady) or (small.held, small.grad_accum) != (
+            large.held, large.grad_accum):
+        raise Misaligned(f"the step at batch {large_next.batch} differs beyond its sizes")
+    if (small.rows is None or small.storages is None or small.row_blocks is None or large.row_blocks is None
+            or small.storages.home is None or large.storages.home is None):
+        raise Misaligned("a capture without its rows' blocks or its storages' homes")
+    first, period = stack.first, stack.period
+
+    def shifted(block):  # the larger step's block as the smaller one numbers it (the inserted unit left out)
+        return block - period if block is not None and block >= first + period else block
+
+    # samples: the larger step's, less the inserted unit's, are the smaller step's
+    ins = _inserted(large.labels, first, period)
+    if ([(ph, shifted(blk)) for (ph, blk), i in zip(large.labels, ins, strict=True) if not i] != list(small.labels)
+            or [op for op, i in zip(large.ops, ins, strict=True) if not i] != list(small.ops)):
+        raise Misaligned(f"the {stack.small + period}-block capture is not the {stack.small}-block one plus a unit")
+    to_small = np.cumsum(~ins) - 1
+
+    rows = _rows_at(small, large, large_next, shifted, first, period)
+    storages = replace(small.storages, nbytes=small.storages.nbytes + _storage_growth(
+        small, large, large_next, ins, to_small, shifted, first, period))
+    if (storages.nbytes < 0).any():
+        raise Misaligned(f"batch {large_next.batch} is outside what the captures predict")
+    return replace(small, batch=large_next.batch, live=storages.timeline(len(small.labels)), rows=rows,
+                   storages=storages, measured_peak_bytes=None,
+                   **weighed(rows, small.fb_ops, small.held, small.grad_accum))
+
+
+def _rows_at(small: Capture, large: Capture, large_next: Capture, shifted, first: int, period: int) -> OpRows:
+    """``small``'s op rows at ``large_next.batch`` (fewer_blocks_at): its forward and backward rows grown as their
+    counterparts in ``large``, its optimizer rows as they are."""
+    a, b, s = large.rows, large_next.rows, small.rows
+    n, m = large.fb_ops, small.fb_ops
+    if (b.flops[n:] != a.flops[n:]).any() or (b.bytes[n:] != a.bytes[n:]).any() or (b.dims[n:] != a.dims[n:]).any():
+        raise Misaligned("the optimizer step's ops grow with the batch")
+
+    def labels(c: Capture, k: int) -> list[tuple[str, int | None]]:
+        return [(PHASES[ph], None if blk == NO_BLOCK else int(blk))
+                for ph, blk in zip(c.rows.phase[:k], c.row_blocks[:k], strict=True)]
+
+    big = labels(large, n)
+    kept = np.flatnonzero(~_inserted(big, first, period))
+    if len(kept) != m or [(ph, shifted(blk)) for ph, blk in (big[i] for i in kept)] != labels(small, m) or any(
+            not np.array_equal(getattr(a, f)[kept], getattr(s, f)[:m]) for f in ("flops", "bytes", "kind", "family",
+                                                                                   "dims")):
+        raise Misaligned("the smaller step's ops are not the larger one's less a unit")
+
+    def grown(f: str) -> np.ndarray:
+        x = getattr(s, f).copy()
+        x[:m] += getattr(b, f)[kept] - getattr(a, f)[kept]
+        return x
+
+    return replace(s, flops=grown("flops"), bytes=grown("bytes"), dims=grown("dims"))
+
+
+def _storage_growth(small: Capture, large: Capture, large_next: Capture, ins: np.ndarray, to_small: np.ndarray,
+                    shifted, first: int, period: int) -> np.ndarray:
+    """What each of ``small``'s storages grows by from ``large.batch`` to ``large_next.batch`` (fewer_blocks_at): as its
+    counterpart in ``large`` grows. Before the step, the larger step's storages less the inserted unit's blocks' pair
+    with the smaller's in order; during it, those each forward or backward sample allocates pair with those its
+    counterpart sample allocates; those allocated in the optimizer step (or after the last sample) do not grow."""
+    big, s = large.storages, small.storages
+    grow = large_next.storages.nbytes - big.nbytes
+    out = np.zeros(len(s.nbytes), dtype=np.int64)
+
+    def pair(i: np.ndarray, j: np.ndarray) -> None:  # large's storages i are small's j
+        if len(i) != len(j) or (big.category[i] != s.category[j]).any() or (big.nbytes[i] != s.nbytes[j]).any():
+            raise Misaligned("the smaller step's storages are not the larger one's less a unit")
+        out[j] = grow[i]
+
+    before, before_small = big.home != IN_STEP, s.home != IN_STEP
+    inserted = before & (big.home >= first) & (big.home < first + period)
+    i, j = np.flatnonzero(before & ~inserted), np.flatnonzero(before_small)
+    if len(i) == len(j) and any(shifted(int(h)) != int(k) if h >= 0 else h != k
+                                for h, k in zip(big.home[i], s.home[j], strict=True)):
+        raise Misaligned("the storages before the step belong to other blocks")
+    pair(i, j)
+
+    phases = [ph for ph, _ in large.labels]
+    n = len(phases)
+    during = np.flatnonzero(~before)
+    at = {k: np.flatnonzero(~before & (big.born == k)) for k in np.unique(big.born[during])}
+    at_small = {k: np.flatnonzero(~before_small & (s.born == k)) for k in np.unique(s.born[~before_small])}
+    none = np.zeros(0, dtype=np.int64)
+    for k in range(n + 1):
+        mine = at.get(k, none)
+        if k == n or phases[k] == "optimizer":
+            if grow[mine].any():
+                raise Misaligned("the optimizer step's storages grow with the batch")
+            continue
+        if not ins[k]:
+            pair(mine, at_small.get(to_small[k], none))
+    return out

@@ -88,6 +88,9 @@ class Capture:
     # a decode step reads one row a sequence of it, not the table (serving.DecodeRead)
     embeddings: tuple[tuple[int, int], ...] = ()
     routing: str | None = None  # the stand-in for an MoE router's data-dependent choice, where one was needed
+    # the block label of each row of ``rows`` (tracker.NO_BLOCK: none): a capture with fewer blocks pairs its rows
+    # with this one's (scaling.fewer_blocks_at)
+    row_blocks: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def reweighed(self, grad_accum: int) -> Capture:
         """The same recording weighed for ``grad_accum`` micro-batches a step (holding as many as this one)."""
@@ -108,6 +111,7 @@ class Capture:
             self, labels=tuple(self.labels[i] for i in keep), ops=tuple(self.ops[i] for i in keep),
             live=self.live[keep],
             grad_accum=1, held=1, rows=rows, fb_ops=self.first_ops, fb_samples=self.first_samples, storages=None,
+            row_blocks=None,
             uncosted=dict(Counter(self.uncosted_first) + Counter(self.uncosted_optimizer)),
             **weighed(rows, self.first_ops, 1, 1))
 
@@ -163,6 +167,21 @@ def _hook_blocks(blocks: nn.ModuleList, tracker: Tracker) -> list:
         handles.append(block.register_forward_pre_hook(pre))
         handles.append(block.register_forward_hook(post))
     return handles
+
+
+def _homes(blocks: nn.ModuleList | None, opts: list[torch.optim.Optimizer], kv_cache: list | None) -> dict[int, int]:
+    """Storage id -> block, for each block's parameters, buffers, optimizer states and KV cache (Storages.home)."""
+    homes: dict[int, int] = {}
+    if blocks is None:
+        return homes
+    states = {id(p): [v for v in state.values() if isinstance(v, torch.Tensor)]
+              for o in opts for p, state in o.state.items()}
+    for i, block in enumerate(blocks):
+        params = list(block.parameters())
+        held = [*params, *block.buffers(), *(v for p in params for v in states.get(id(p), ())),
+                *(kv_cache[i] if kv_cache else ())]
+        homes.update((id(t.untyped_storage()), i) for t in held)
+    return homes
 
 
 def _state_bytes(module: nn.Module) -> int:
@@ -359,6 +378,7 @@ def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: st
                 opt.zero_grad(set_to_none=True)
 
         handles = _hook_blocks(blocks, tracker) if blocks is not None else []
+        tracker.homes = _homes(blocks, opts, kv_cache)
         tracker.tag(list(model.parameters()) + list(model.buffers()), "weights")
         tracker.tag([*built.inputs, built.targets], "inputs")
         if kv_cache is not None:
@@ -366,6 +386,7 @@ def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: st
         if built.kv_filled is not None:
             tracker.tag(built.kv_filled(), "kv_cache")
         tracker.tag(state_tensors(opts), "optimizer")
+        tracker.homes = None
         paged = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in paged_tensors(opts)}
         paged_bytes = sum(-(-n // ALLOCATOR_ROUND_BYTES) * ALLOCATOR_ROUND_BYTES for n in paged.values())
         micro = min(setup.grad_accum, 2)
@@ -401,4 +422,5 @@ def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: st
             first_ops=first_ops, first_samples=first_samples, uncosted_first=uncosted_first,
             uncosted_optimizer=dict(Counter(tracker.uncosted) - uncosted_fb), storages=storages,
             paged_bytes=paged_bytes, embeddings=embeddings, routing=ASSUMPTION if routing and routing.used else None,
+            row_blocks=tracker.op_blocks(),
         )

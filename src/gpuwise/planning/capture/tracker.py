@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from gpuwise.compat import TorchDispatchMode, tree_leaves
+from gpuwise.compat import FakeTensor, TorchDispatchMode, tree_leaves
 from gpuwise.errors import GpuwiseError
 from gpuwise.planning.capture.autocast import grouped_mm
 from gpuwise.planning.capture.families import (  # noqa: F401  (re-exported: the tracker's names since issue 26)
@@ -68,8 +68,11 @@ CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporaries",
 _RANK = {c: i for i, c in enumerate(("temporaries", "activations", "kv_cache", "inputs", "gradients", "optimizer",
                                      "weights"))}
 ALLOCATOR_ROUND_BYTES = 512
+NO_BLOCK = -1  # the block of an op row, or of a storage tagged before the step, that is no block's
+IN_STEP = -2  # Storages.home of a storage the step allocated (or first saw)
 
 aten = torch.ops.aten
+_DEVICE = torch.ops.prim.device.default
 
 # Ops with no matmul-class FLOPs: the convention of Kaplan et al. and PaLM (and FlopCounterMode) counts
 # matrix multiplies and convolutions only; elementwise, norm, softmax and data movement are memory-bound.
@@ -215,7 +218,7 @@ def _grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> in
 
 def op_flops(func, args, kwargs, out) -> int | None:
     """FLOPs of one aten op as the GPU runs it; 0 for memory-bound ops, None for ops we do not know."""
-    packet = func._overloadpacket
+    packet, name, namespace, _ = _op_info(func)
     if packet is aten._scaled_dot_product_flash_attention_for_cpu:
         q, k = args[0], args[1]
         causal = bool(args[4]) if len(args) > 4 else bool(kwargs.get("is_causal", False))
@@ -224,12 +227,12 @@ def op_flops(func, args, kwargs, out) -> int | None:
         # (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, ...)
         causal = bool(args[7]) if len(args) > 7 else bool(kwargs.get("is_causal", False))
         return _sdpa_forward_flops(args[1], args[2], causal) * 5 // 2
-    if func.namespace == "gpuwise":  # gpuwise.ops.attention: the visited tiles' share of the dense work
-        if packet.__name__ == "attention_cost":
+    if namespace == "gpuwise":  # gpuwise.ops.attention: the visited tiles' share of the dense work
+        if name == "attention_cost":
             return int(_sdpa_forward_flops(args[0], args[1], False) * args[4])
-        if packet.__name__ == "attention_cost_backward":  # 7 tile matmuls to the forward's 2: without atomics
+        if name == "attention_cost_backward":  # 7 tile matmuls to the forward's 2: without atomics
             return int(_sdpa_forward_flops(args[1], args[2], False) * args[7] * 7 / 2)  # QK^T and dP run twice
-        if packet.__name__ in _NO_KERNEL:  # the emulated collectives
+        if name in _NO_KERNEL:  # the emulated collectives
             return 0
     if packet is aten._grouped_mm:
         return _grouped_mm_flops(args[0], args[1], out)
@@ -237,9 +240,8 @@ def op_flops(func, args, kwargs, out) -> int | None:
         args = args[:3]
     if packet in flop_registry:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
-    name = packet.__name__
     if (name in _NO_FLOPS or name.startswith("_foreach_") or func.is_view or torch.Tag.pointwise in func.tags
-            or func.namespace in ("prim", "profiler")):
+            or namespace in ("prim", "profiler")):
         return 0
     return None
 
@@ -261,6 +263,42 @@ def _nbytes(t: torch.Tensor) -> int:
 # step's matmul); the 64-bit timeline would wrap long before a cluster ran it.
 _ABSURD_BYTES, _ABSURD_FLOPS = 2**50, 2**60
 _FLOAT_ONLY = (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution)
+
+
+_INFO: dict[int, tuple] = {}
+
+
+def _op_info(func) -> tuple:
+    """(overload packet, name, namespace, moves data) of an op, computed once: the tracker asks for every op."""
+    hit = _INFO.get(id(func))
+    if hit is None or hit[0] is not func:
+        packet = func._overloadpacket
+        namespace = func.namespace
+        hit = _INFO[id(func)] = (func, packet, packet.__name__, namespace,
+                                 not func.is_view and namespace not in ("prim", "profiler"))  # views move no data
+    return hit[1:]
+
+
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    """The tensors among ``tree``'s leaves, in ``tree_leaves``' order: an op's arguments and outputs are plain
+    tuples, lists and dicts, walked here without pytree's cost; anything else is left to ``tree_leaves``."""
+    out: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        kind = type(x)
+        if kind is tuple or kind is list:
+            stack.extend(reversed(x))
+        elif kind is dict:
+            stack.extend(reversed(list(x.values())))
+        elif isinstance(x, torch.Tensor):
+            out.append(x)
+        elif kind not in _PLAIN:
+            out.extend(t for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+    return out
 
 
 def _run(func, args, kwargs):
@@ -315,6 +353,7 @@ class Tracker(TorchDispatchMode):
         self._op_phase: list[int] = []
         self._op_family: list[int] = []
         self._op_dims: list[tuple[int, int, int, int]] = []
+        self._op_block: list[int] = []  # the block label each op row ran under (-1: none), as samples get theirs
         self.marks: dict[str, int] = {}
         # compiled graphs: storages a fused kernel kept in registers (reading them moves no bytes), and the last
         # op row's outputs (row, storage id -> bytes), which ``discount`` turns into a fused row
@@ -325,6 +364,10 @@ class Tracker(TorchDispatchMode):
         # states (and on what such ops made) is labelled with that block, as forward and backward samples are, so
         # that per-parameter optimizer loops scale from 2- and 3-block captures like the blocks themselves
         self._owner: dict[int, tuple[weakref.ref, int]] = {}
+        # storage id -> block, for the blocks' parameters, buffers and optimizer states, while step.py tags what
+        # exists before the step (Storages.home); None while the step runs
+        self.homes: dict[int, int] | None = None
+        self._home: list[int] = []
 
     # --- storages -------------------------------------------------------------------------------
     def _record(self, t: torch.Tensor, category: str) -> int | None:
@@ -341,6 +384,7 @@ class Tracker(TorchDispatchMode):
         self._died.append(-1)
         self._bytes.append(st.nbytes())  # as allocated: the allocator's rounding applies in the timeline
         self._category.append(_RANK[category])
+        self._home.append(IN_STEP if self.homes is None else self.homes.get(key, NO_BLOCK))
         self._live[key] = (weakref.ref(st, lambda _ref, key=key, rec=rec: self._free(key, rec)), rec)
         return rec
 
@@ -407,53 +451,58 @@ class Tracker(TorchDispatchMode):
 
     # --- dispatch -------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE and len(args) == 1 and isinstance(args[0], FakeTensor):
+            # C++ asks a fake tensor its device through dispatch (autograd's checks, mostly: two dispatches in three
+            # of a step); it records nothing, and the tensor answers as FakeTensorMode's handler would
+            return args[0].device
         kwargs = kwargs or {}
         if self.paused:
             return _run(func, args, kwargs)
-        if func._overloadpacket in _FLOAT_ONLY:
+        packet, name, namespace, data = _op_info(func)
+        if packet in _FLOAT_ONLY:
             _check_float(func, args)
         out = _run(func, args, kwargs)
-        if func._overloadpacket is aten._scaled_dot_product_flash_attention_for_cpu:
+        if packet is aten._scaled_dot_product_flash_attention_for_cpu:
             out = (_cuda_attention_layout(out[0]), *out[1:])
-        name = func._overloadpacket.__name__
         flops = op_flops(func, args, kwargs, out)
         if flops is None:
             self.uncosted[name] += 1
         else:
             self.flops_by_op[name] += flops
         moved = 0
-        data = not func.is_view and func.namespace not in ("prim", "profiler")  # views move no data
         outs: dict[int, int] = {}
+        results = _tensors(out)
         if data:
-            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            ins = _tensors((args, kwargs))
             if self._fused:  # a compiled graph: what a fused kernel kept in registers is not read from memory
                 ins = [t for t in ins if not self._in_registers(t)]
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    outs[id(t.untyped_storage())] = outs.get(id(t.untyped_storage()), 0) + _nbytes(t)
+            for t in results:
+                outs[id(t.untyped_storage())] = outs.get(id(t.untyped_storage()), 0) + _nbytes(t)
             moved = sum(_nbytes(t) for t in ins) + sum(outs.values())
             self.bytes_by_op[name] += moved
         if (flops or 0) > _ABSURD_FLOPS or moved > _ABSURD_BYTES:
             raise GpuwiseError(f"one aten.{name} moves {moved:.3g} bytes and does {flops or 0:.3g} FLOPs: more than "
                                "any GPU cluster holds, and past the planner's 64-bit counts",
                                "check the model's sizes (hidden_size, n_embd, intermediate_size, vocab_size)")
+        owned = self._owner and self.phase == "optimizer"
+        if owned:  # the block this optimizer op works on labels its row and its sample
+            self.block = self._block_of(_tensors((args, kwargs)))
         if data or flops:
             self._op_flops.append(flops or 0)
             self._op_bytes.append(moved)
-            kind = op_kind(name, flops, func.namespace, bool(flops) and _fp32_operands(args))
+            kind = op_kind(name, flops, namespace, bool(flops) and _fp32_operands(args))
             family = op_family(name, kind, self.phase)
             self._op_kind.append(kind)
             self._op_phase.append(_PHASE[self.phase])
             self._op_family.append(family)
             self._op_dims.append(op_dims(name, family, args, out))
+            self._op_block.append(NO_BLOCK if self.block is None or self.block < 0 else self.block)
             self._last_out = (len(self._op_bytes) - 1, outs, name)
-        if self._owner and self.phase == "optimizer":
-            self.block = self._block_of(tree_leaves((args, kwargs)))
-            if self.block is not None:
-                self.own(tree_leaves(out), self.block)
+        if owned and self.block is not None:
+            self.own(results, self.block)
         fresh = False
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and self._record(t, "temporaries") is not None:
+        for t in results:
+            if self._record(t, "temporaries") is not None:
                 fresh = True
         if fresh:
             self.labels.append((self.phase, self.block))
@@ -481,6 +530,10 @@ class Tracker(TorchDispatchMode):
                       family=np.asarray(self._op_family, dtype=np.int8),
                       dims=np.asarray(self._op_dims, dtype=np.int64).reshape(-1, 4))
 
+    def op_blocks(self) -> np.ndarray:
+        """The block label of every op row recorded so far (-1: none), in order (scaling.fewer_blocks_at)."""
+        return np.asarray(self._op_block, dtype=np.int64)
+
     @property
     def n_ops(self) -> int:
         return len(self._op_flops)
@@ -489,7 +542,8 @@ class Tracker(TorchDispatchMode):
         """Every storage seen so far: when it was allocated and freed, its category and size."""
         return Storages(born=np.asarray(self._born, dtype=np.int64), died=np.asarray(self._died, dtype=np.int64),
                         category=np.asarray(self._category, dtype=np.int64),
-                        nbytes=np.asarray(self._bytes, dtype=np.int64), round_bytes=self.round_bytes)
+                        nbytes=np.asarray(self._bytes, dtype=np.int64), round_bytes=self.round_bytes,
+                        home=np.asarray(self._home, dtype=np.int64))
 
     def timeline(self) -> np.ndarray:
         """Live bytes, shape (samples, len(CATEGORIES)); storages that predate the first sample count from it."""
@@ -506,6 +560,9 @@ class Storages:
     category: np.ndarray = field(repr=False)  # rank in _RANK (its strongest tag)
     nbytes: np.ndarray = field(repr=False)  # int64, as allocated (before the allocator's rounding)
     round_bytes: int = ALLOCATOR_ROUND_BYTES
+    # the block whose parameter, buffer or optimizer state it holds, for a storage tagged before the step (NO_BLOCK:
+    # none of a block's; IN_STEP: allocated, or first seen, while the step ran): what a capture with fewer blocks lacks
+    home: np.ndarray | None = field(default=None, repr=False)
 
     def same_lives(self, other: Storages) -> bool:
         """The same storages, allocated and freed at the same samples, in the same categories."""

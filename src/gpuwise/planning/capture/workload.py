@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -9,7 +12,14 @@ import numpy as np
 import gpuwise.planning.capture.cache as capture_cache
 from gpuwise.errors import GpuwiseError, NotApplicable
 from gpuwise.planning.capture.blocks import Stack, plan_stack
-from gpuwise.planning.capture.scaling import Misaligned, Timeline, batch_affine, capture_at, extrapolate_blocks
+from gpuwise.planning.capture.scaling import (
+    Misaligned,
+    Timeline,
+    batch_affine,
+    capture_at,
+    extrapolate_blocks,
+    fewer_blocks_at,
+)
 from gpuwise.planning.capture.step import Capture, capture
 from gpuwise.planning.capture.tracker import OpCosts
 from gpuwise.planning.parallel.layout import stage_layers
@@ -79,13 +89,38 @@ class Workload:
             return None
 
 
+_KEPT: ContextVar[dict | None] = ContextVar("gpuwise_captures_kept", default=None)
+
+
+@contextlib.contextmanager
+def keeping(captures: dict) -> Iterator[None]:
+    """The captures made inside are kept in ``captures`` and read back from there (a Planner's: one model's, each
+    captured once, whether first asked for with the batch model or without)."""
+    token = _KEPT.set(captures)
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
 def _alone(c: Capture) -> Timeline:
     return Timeline(labels=c.labels, base=c.live.astype(np.float64), slope=np.zeros(c.live.shape),
                     end_of_forward=c.end_of_forward)
 
 
 def _capture(source, setup: Setup, *, batch: int, n_layer: int | None) -> Capture:
-    """``capture``, read from the disk cache where this model and setup were captured before (capture/cache.py)."""
+    """``capture``, read from the disk cache where this model and setup were captured before (capture/cache.py), or
+    from the captures kept in process (``keeping``)."""
+    kept, mine = _KEPT.get(), (setup, batch, n_layer)
+    if kept is not None and mine in kept:
+        return kept[mine]
+    c = _disk_or_capture(source, setup, batch=batch, n_layer=n_layer)
+    if kept is not None:
+        kept[mine] = c
+    return c
+
+
+def _disk_or_capture(source, setup: Setup, *, batch: int, n_layer: int | None) -> Capture:
     name = capture_cache.key(source, setup, batch, n_layer)
     hit = capture_cache.load(name)
     if isinstance(hit, Capture) and hit.batch == batch:
@@ -95,11 +130,12 @@ def _capture(source, setup: Setup, *, batch: int, n_layer: int | None) -> Captur
     return c
 
 
-def _captures(source, setup: Setup, n_layer: int | None, batch_model: bool) -> tuple[Capture, ...]:
-    """The capture at the batch and, for the batch model, at b+1; where an op takes another path at batch 1
-    (ViT's class token) the captures at b and b+1 do not pair, and b+2 is captured too."""
+def _captures(source, setup: Setup, n_layer: int | None, batch_model: bool, c: Capture | None = None
+              ) -> tuple[Capture, ...]:
+    """The capture at the batch (``c`` where already made) and, for the batch model, at b+1; where an op takes another
+    path at batch 1 (ViT's class token) the captures at b and b+1 do not pair, and b+2 is captured too."""
     b = setup.micro_batch
-    c = _capture(source, setup, batch=b, n_layer=n_layer)
+    c = c if c is not None else _capture(source, setup, batch=b, n_layer=n_layer)
     if not batch_model:
         return (c,)
     c1 = _capture(source, setup, batch=b + 1, n_layer=n_layer)
@@ -114,6 +150,21 @@ def _captures(source, setup: Setup, n_layer: int | None, batch_model: bool) -> t
         return c, c1, c2
     except Misaligned:  # the ops keep changing with the batch (an MoE hitting more of its experts): no batch model
         return (c,)
+
+
+def _stack_captures(source, setup: Setup, stack: Stack, batch_model: bool) -> list[tuple[Capture, ...]]:
+    """The captures of ``stack.captured`` blocks (``_captures`` of each). The smaller stack's capture at b+1 is derived
+    from the larger's pair where that pairs (scaling.fewer_blocks_at: what the batch adds to each op and storage is
+    what it adds to the same op and storage of the larger step), not run: a capture is the cold plan's cost."""
+    small, large = stack.captured
+    c = _capture(source, setup, batch=setup.micro_batch, n_layer=small)
+    big = _captures(source, setup, large, batch_model)
+    if len(big) == 2:
+        try:
+            return [(c, fewer_blocks_at(c, *big, stack)), big]
+        except Misaligned:
+            pass
+    return [_captures(source, setup, small, batch_model, c), big]
 
 
 def _timelines(group: tuple[Capture, ...]) -> tuple[Capture, Timeline, Timeline | None]:
@@ -182,8 +233,7 @@ def _simulate(source, setup: Setup, batch_model: bool) -> Workload:
     stack = plan_stack(getattr(source, "layer_kinds", None) if whole is None else None, n_layer)
     if stack is not None:
         try:
-            groups = [_captures(source, setup, n, batch_model) for n in stack.captured]
-            return _assemble(source.name, setup, tokens, groups, stack)
+            return _assemble(source.name, setup, tokens, _stack_captures(source, setup, stack, batch_model), stack)
         except (Misaligned, UnevenTargets):
             pass  # not a clean stack of repeated blocks (or LoRA targets only some): capture the whole model
     try:
