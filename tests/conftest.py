@@ -17,6 +17,8 @@ os.environ["XDG_CONFIG_HOME"] = os.path.join(os.path.dirname(__file__), "data", 
 
 from fakes.environments import ARCHS_CU126, ARCHS_CU130, CPU, GpuProcess, cpu_env, cuda_env, gpu, nvml
 
+pytest_plugins = ["cpu_report"]  # --cpu-report N: the suite's CPU time, test by test (tests/cpu_report.py)
+
 __all__ = ["ARCHS_CU126", "ARCHS_CU130", "CPU", "GpuProcess", "cpu_env", "cuda_env", "gpu", "nvml", "run_cli"]
 
 
