@@ -4,24 +4,16 @@ the benchmark, and each of those cases also has its own test beside the code it 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from fakes.scripts import load_script
+
 HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "newcomer_replay.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("newcomer_replay", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["newcomer_replay"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = _load()
+replay = load_script(HARNESS)
 FAST = [c for c in replay.CASES if c.fast]
 
 

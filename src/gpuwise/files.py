@@ -6,6 +6,7 @@ writing safely (a temporary file in the same folder, then an atomic rename)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -14,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuwise.errors import GpuwiseError
+
+# A device that refuses a write (`> /dev/full`, a full disk, a quota, `ulimit -f`): the user's environment, exit 2
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 # A published config.json nests 3 or 4 levels (text_config.rope_scaling), a safetensors header 3, our own files
 # (calibrations, bench runs, checkpoints' manifests) 4: far deeper is no such file, and Python reads it only as deep

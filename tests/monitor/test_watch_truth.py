@@ -7,24 +7,16 @@ them: those run only in the benchmark."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from fakes.scripts import load_script
+
 HARNESS = Path(__file__).resolve().parents[2] / "benchmarks" / "watch_truth.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("watch_truth", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["watch_truth"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-truth = _load()
+truth = load_script(HARNESS)
 
 
 def _passes(key: str, attempts: int = 1):

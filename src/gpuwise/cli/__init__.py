@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import errno
 import inspect
 import os
 import re
@@ -23,6 +22,7 @@ import typer
 from gpuwise.cli import bench, doctor, gpus, plan, recommend, train, watch  # noqa: F401  (each registers its command)
 from gpuwise.cli._app import app
 from gpuwise.errors import GpuwiseError, first_line
+from gpuwise.files import DISK_FULL
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_stdout()
         return 128 + signal.SIGPIPE if exc.code == 1 else exc.code
     except OSError as exc:
-        if exc.errno not in _DISK_FULL:
+        if exc.errno not in DISK_FULL:
             return _internal(exc, debug)
         if debug:
             traceback.print_exc()
@@ -149,10 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         return _internal(exc, debug)
     return result if isinstance(result, int) else 0
-
-
-# A device that refuses the write (`> /dev/full`, a full disk, a quota, `ulimit -f`): the user's environment, exit 2.
-_DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def _internal(exc: BaseException, debug: bool) -> int:

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpuwise.errors import DamagedCheckpoint, GpuwiseError, first_line
+from gpuwise.files import DISK_FULL
 from gpuwise.training.config import not_a_folder
 
 PREFIX = "step-"
@@ -423,7 +424,7 @@ def write_failed(exc: BaseException) -> bool:
 
 
 def _disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
         return True
     text = f"{exc} {exc.__context__ or ''}".lower()
     return any(k in text for k in ("no space left", "file too large", "os error 28", "os error 27", "disk quota",
