@@ -153,7 +153,7 @@ def hf_task(hf_config: str, data_spec: str | None, seq: int | None, batch: int, 
     the seed (token ids below the vocabulary, and the labels its loss reads: the ids themselves for a causal LM)."""
     import warnings
 
-    from gpuwise.compat import FakeTensor, FakeTensorMode
+    from gpuwise.compat import FakeTensor, fake_tensor_mode
     from gpuwise.planning.setup import Setup
     from gpuwise.planning.sources import hf_inputs
     from gpuwise.planning.sources.resolve import resolve_source
@@ -173,7 +173,7 @@ def hf_task(hf_config: str, data_spec: str | None, seq: int | None, batch: int, 
     if data_spec is None:
         # the planner's own inputs for the step (hf_inputs.py), made on fake tensors: nothing of the model is
         # allocated. Token ids and class labels come real from there; images and audio are drawn here
-        with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True), \
+        with torch.random.fork_rng(devices=[]), fake_tensor_mode(allow_non_fake_inputs=True), \
                 torch.device("cpu"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(seed)

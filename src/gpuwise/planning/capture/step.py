@@ -33,7 +33,7 @@ from gpuwise.compat import (
     FAKE_TENSOR_LOGGER,
     DataDependentOutputException,
     DynamicOutputShapeException,
-    FakeTensorMode,
+    fake_tensor_mode,
     tree_leaves,
 )
 from gpuwise.errors import GpuwiseError, NotApplicable, first_line
@@ -264,7 +264,7 @@ def capture(source, setup: Setup, *, batch: int, n_layer: int | None = None, dev
 def _record(source, setup: Setup, *, batch: int, n_layer: int | None, device: str, fake: bool,
             routing: BalancedRouting | None) -> Capture:
     """``capture``, with ``routing`` (if given) under the recorded step."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    mode = fake_tensor_mode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     with mode, _quiet_fake_tensor_log(), warnings.catch_warnings():
         # deepcopy of a fake parameter (nn.TransformerEncoder clones its layer) warns about data pointers
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
