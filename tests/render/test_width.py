@@ -247,7 +247,7 @@ def test_doctor_splits_no_version_path_or_url(width):
     """At 40 columns the boxed table folded 'DataLoader(num_w' / 'orkers=0,' and the wheel index URL. Now each
     finding is wrapped at spaces beside its check, or under it where the terminal is narrow."""
     out = _render(DoctorReport(findings=FINDINGS), width)
-    assert not _over(out, width)
+    assert not _over(out, width, ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130",))
     assert not _split([f.message + " fix: " + (f.fix or "") for f in FINDINGS], out, width), out
     for f in FINDINGS:  # the status and the check at the start of a line
         assert re.search(rf"^{'FAIL' if f.status == 'fail' else f.status}\s+{f.check}(\s|$)", out, re.M), out

@@ -335,7 +335,7 @@ def print_fields(console: Console, rows: Sequence[tuple[str | Text, str | Text]]
             beside = one_line or (room >= FIELD_VALUE_MIN and not isinstance(value, Whole) and widest <= room)
         if beside:
             lines = wrap(value, room, indent=0)
-            head = key + Text(" " * (column - key.cell_len))
+            head = Text.assemble(key, " " * (column - key.cell_len))  # key + Text would give the line its style
             print_lines(console, [head + lines[0], *(Text(" " * column) + line for line in lines[1:])])
         else:
             print_lines(console, [key] * bool(key.plain) + [Text("  ") + line for line in wrap(value, width - 2,
