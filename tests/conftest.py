@@ -4,6 +4,7 @@ the hand-made environments live in fakes/environments.py."""
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 import torch
@@ -33,18 +34,36 @@ def run_cli(capsys, *args):
 
 @pytest.fixture(scope="session")
 def _capture_seed(tmp_path_factory):
-    """Captures shared between the tests of one session (one xdist worker), read-only to them: only a test that has
-    patched nothing writes here (see _own_cache_folder)."""
-    return tmp_path_factory.mktemp("capture-seed")
+    """Captures shared between the tests of one session, read-only to them: only a test that has patched nothing
+    writes here (see _own_cache_folder). Under xdist the workers share one seed, in the folder above their own (an
+    entry is written atomically, and an entry's key is all a capture depends on, whichever worker wrote it). The
+    folder is ``gpuwise/captures`` under its own cache home, so processes a test starts can be pointed at it
+    (``seeded_subprocesses``)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    seed = root / "capture-seed" / "gpuwise" / "captures"
+    seed.mkdir(parents=True, exist_ok=True)
+    return seed
+
+
+# Attributes a test may replace and still share the seed: each decides what is planned after the captures, or where,
+# never how one runs (the planner's remedies, which test_remedies.py leaves out of its re-plans; the cores the guide
+# spreads its jobs over, one in test_search.py's guide test)
+CAPTURE_NEUTRAL = {("gpuwise.planning.planner", "remedies"), ("gpuwise.environment", "usable_cores")}
 
 
 def _patched(monkeypatch, cache_module) -> bool:
     """Whether the test has patched anything a capture could depend on: an attribute (a function, a flag) other than
-    the cache's load and store (ours), or a dict item other than an environment variable. Environment variables do
-    not reach the capture (no ``os.environ`` below the CLI; the cache's own switches, XDG_CACHE_HOME and
-    GPUWISE_CACHE, are read by ``folder()``)."""
+    the cache's load and store (ours) and ``CAPTURE_NEUTRAL``, or a dict item other than an environment variable.
+    Environment variables do not reach the capture (no ``os.environ`` below the CLI; the cache's own switches,
+    XDG_CACHE_HOME and GPUWISE_CACHE, are read by ``folder()``)."""
     # pytest's own undo lists: (object, name, old value) and (dict, key, old value)
-    return (any(not (obj is cache_module and name in ("load", "store")) for obj, name, _ in monkeypatch._setattr)
+    def ours(obj, name) -> bool:
+        return (obj is cache_module and name in ("load", "store")) or (
+            isinstance(obj, types.ModuleType) and (obj.__name__, name) in CAPTURE_NEUTRAL)
+
+    return (any(not ours(obj, name) for obj, name, _ in monkeypatch._setattr)
             or any(d is not os.environ for d, _, _ in monkeypatch._setitem))
 
 
@@ -59,7 +78,8 @@ def _own_cache_folder(request, tmp_path_factory, monkeypatch, _capture_seed):
     the session's seed, and one the test makes is added to the seed, but only while the test has patched nothing
     (``_patched``). A test that patches something captures afresh and keeps its captures to itself, so a flag it
     flips (or a function it replaces) never reaches, nor is hidden by, another test's capture. Tests of the cache
-    itself (marker own_captures) see the library's cache untouched, starting empty."""
+    itself (marker own_captures) see the library's cache untouched, starting empty. A test whose captures are made
+    in processes it starts may share the seed with them (``seeded_subprocesses``)."""
     cache = tmp_path_factory.mktemp("cache")
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.setenv("XDG_DATA_HOME", str(cache / "data"))  # calibrations: never the developer's own
@@ -80,11 +100,23 @@ def _own_cache_folder(request, tmp_path_factory, monkeypatch, _capture_seed):
 
     def layered_store(name, capture, where=None):
         store(name, capture, where)
-        if where is None and shared():
+        if where is None and shared() and capture_cache.folder() != _capture_seed:
             store(name, capture, _capture_seed)
 
     monkeypatch.setattr(capture_cache, "load", layered_load)
     monkeypatch.setattr(capture_cache, "store", layered_store)
+
+
+@pytest.fixture
+def seeded_subprocesses(_own_cache_folder, _capture_seed, monkeypatch):
+    """For a test whose captures are made in processes it starts (the guide's spawned workers): its cache home is
+    the seed's, so those processes read and add to the seed as the test's own process does. A started process
+    inherits no patch, but the seed's rule stands: the test must patch nothing (checked after it)."""
+    import gpuwise.planning.capture.cache as capture_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_capture_seed.parents[1]))
+    yield
+    assert not _patched(monkeypatch, capture_cache), "a test sharing the capture seed with its processes patched"
 
 
 @pytest.fixture

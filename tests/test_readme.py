@@ -42,7 +42,9 @@ def test_the_readme_has_examples_to_check():
 
 
 @pytest.mark.parametrize(("command", "shown"), examples(), ids=[c for c, _ in examples()])
-def test_readme_example_is_what_the_command_prints(capsys, monkeypatch, command, shown):
+def test_readme_example_is_what_the_command_prints(capsys, monkeypatch, seeded_subprocesses, command, shown):
+    """The bare ``gpuwise recommend`` ranks its jobs in worker processes: they share the session's captures
+    (``seeded_subprocesses``) with test_search.py's guide test, so the two capture the jobs' models once."""
     monkeypatch.setenv("COLUMNS", WIDTH)
     _, out, err = run_cli(capsys, *shlex.split(command)[1:])
     printed = _clean(out + err)

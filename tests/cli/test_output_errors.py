@@ -23,11 +23,21 @@ def test_output_to_a_full_device_is_exit_2_with_one_line(args):
                      "the output elsewhere)"]
 
 
+def _gpus_at(columns: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "COLUMNS": columns}
+    return subprocess.run([sys.executable, "-m", "gpuwise", "gpus"], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+@pytest.fixture(scope="module")
+def gpus_at_80() -> subprocess.CompletedProcess:
+    """What `COLUMNS=80 gpuwise gpus` prints: the reference each width below is compared with, run once."""
+    return _gpus_at("80")
+
+
 @pytest.mark.parametrize("columns", ["0", "-5", "wide"])
-def test_a_columns_that_is_no_width_prints_as_if_unset(columns):
+def test_a_columns_that_is_no_width_prints_as_if_unset(columns, gpus_at_80):
     """Issue 30: `COLUMNS=0 gpuwise gpus` printed nothing and exited 0 (rich took a width of 0)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    runs = {c: subprocess.run([sys.executable, "-m", "gpuwise", "gpus"], capture_output=True, text=True, timeout=120,
-                              env={**env, "COLUMNS": c}) for c in (columns, "80")}
-    assert runs[columns].returncode == 0 and runs[columns].stdout == runs["80"].stdout
-    assert "gpuwise hardware catalog" in runs[columns].stdout
+    run = _gpus_at(columns)
+    assert run.returncode == 0 and run.stdout == gpus_at_80.stdout
+    assert "gpuwise hardware catalog" in run.stdout

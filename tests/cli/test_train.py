@@ -56,9 +56,9 @@ def test_bad_input(capsys, args, message):
     assert code == 2 and message in err and err.count("\n") == 1
 
 
-def test_two_processes_over_gloo_match_one_process(capsys, tmp_path):
+def test_two_processes_over_gloo_match_one_process(capsys, tmp_path, seeded_subprocesses):
     """torchrun with 2 CPU processes (DDP over gloo, accumulation with no_sync) takes the same steps as one
-    process with the same global batch."""
+    process with the same global batch. The ranks plan their run from the session's captures."""
     import os
     import subprocess
     import sys

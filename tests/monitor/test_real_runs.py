@@ -33,14 +33,27 @@ def _train(capsys, f, *more):
     return json.loads(out)
 
 
+def _majority_of_three(run, *conditions):
+    """Runs for a majority of three on each condition: a third run only where the first two disagree on one (two
+    that agree are the majority whatever the third says; a median of three is above a line when two are)."""
+    runs = [run(), run()]
+    if any(c(runs[0]) != c(runs[1]) for c in conditions):
+        runs.append(run())
+    return runs
+
+
 def test_a_loader_that_sleeps_with_no_workers_is_input_bound_and_with_workers_is_not(capsys, sleepy,
                                                                                       monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("SLEEPY_MS", "4")
-    starved = [_train(capsys, sleepy, "--workers", "0") for _ in range(3)]
-    fed = [_train(capsys, sleepy, "--workers", "8") for _ in range(3)]
-    assert sum(s["diagnosis"]["bottleneck"] == "input-bound" for s in starved) >= 2
-    assert sum(s["diagnosis"]["bottleneck"] == "input-bound" for s in fed) <= 1
+    def bound(s) -> bool:
+        return s["diagnosis"]["bottleneck"] == "input-bound"
+
+    starved = _majority_of_three(lambda: _train(capsys, sleepy, "--workers", "0"), bound,
+                                 lambda s: s["data_wait"] > 0.30)
+    fed = _majority_of_three(lambda: _train(capsys, sleepy, "--workers", "8"), bound, lambda s: s["data_wait"] < 0.35)
+    assert sum(map(bound, starved)) >= 2
+    assert sum(map(bound, fed)) <= len(fed) - 2  # at most one of three
     # 128 ms of sleep against 20 ms of work on an idle core, up to ~250 ms on a loaded one: above the class's line
     assert statistics.median(s["data_wait"] for s in starved) > 0.30
     assert statistics.median(s["data_wait"] for s in fed) < 0.35

@@ -171,7 +171,8 @@ def test_inference_gets_a_smaller_batch_only():
 @pytest.mark.parametrize(("command", "given"), [
     (["--model", "gpt2", "--batch", "64", "--seq", "1024", "--gpu", "t4"], {"batch": 64}),
     (["--model", "gpt2", "--micro-batch", "64", "--seq", "1024", "--gpu", "t4"], {"micro_batch": 64}),
-    (["--model", "llama2-7b", "--seq", "512", "--batch", "8", "--precision", "fp32", "--gpu", "rtx-4090"],
+    # the command test_plan.py's test_remedies_in_order_with_flags plans: the session captures it once
+    (["--model", "llama2-7b", "--seq", "2048", "--batch", "8", "--precision", "fp32", "--gpu", "rtx-4090"],
      {"batch": 8, "precision": "fp32"}),
     (["--model", "llama2-7b", "--task", "infer", "--batch", "64", "--seq", "2048", "--gpu", "rtx-4090"],
      {"batch": 64, "task": "infer"}),

@@ -292,10 +292,14 @@ def test_the_plot_draws_time_against_cost_to_a_png(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"drawn to {png}" in out
 
 
-def test_the_guide_is_the_engines_own_ranking_of_each_job():
-    """With no workload: each job's picks are the extremes of the same ranking (not typed in)."""
+def test_the_guide_is_the_engines_own_ranking_of_each_job(monkeypatch):
+    """With no workload: each job's picks are the extremes of the same ranking (not typed in). The jobs run here,
+    one after another, with the session's captures, which the README's bare ``gpuwise recommend`` (test_readme.py)
+    ranks again in its worker processes: the two capture the jobs' models once."""
+    import gpuwise.environment
     from gpuwise.recommend.guide import guide
 
+    monkeypatch.setattr(gpuwise.environment, "usable_cores", lambda: 1)  # no worker processes: the same scenarios
     cat = _catalog("rtx-4090", "h100-sxm", "coral-edge-tpu", "jetson-agx-orin")
     g = guide(catalog=cat)
     assert len(g.scenarios) == 6
@@ -329,12 +333,13 @@ def test_learning_on_a_3060_or_a_4060_ti_is_the_known_trade_off():
 
 
 def test_lora_and_qlora_of_a_7b_model_fit_one_4090():
+    """The guide's LoRA job (batch 16 x 2,048 tokens), whose captures the session has from the guide's test above."""
     from gpuwise.planning.setup import Setup
     from gpuwise.planning.sources.resolve import resolve_source
     from gpuwise.recommend.search import recommend
 
     for qlora in (False, True):
-        setup = Setup.for_batch(batch=8, micro_batch=8, seq=1024, task="finetune-lora", qlora=qlora)
+        setup = Setup.for_batch(batch=16, micro_batch=16, seq=2048, task="finetune-lora", qlora=qlora)
         r = recommend(resolve_source("llama2-7b", None), setup, Goal(tokens=1e7), Constraints(max_gpus=1),
                       catalog=_catalog("rtx-4090"))
         (row,) = r.rows

@@ -136,37 +136,38 @@ def test_ctrl_c_on_the_command_line_exits_130_with_the_step_and_the_way_on(capsy
 
 # -- 2. full disks, locks, odd inputs -----------------------------------------------------------------------------
 
-def test_a_real_write_limit_at_either_writer_is_exit_2_naming_the_last_good_checkpoint(tmp_path):
+def test_a_real_write_limit_at_either_writer_is_exit_2_naming_the_last_good_checkpoint(capsys, tmp_path):
     """Issue 30: a full disk while checkpointing was exit 3 in every real try (the earlier test mocked OSError, but
     safetensors raises SafetensorError and torch.save RuntimeError). A real `ulimit -f` (EFBIG, as a full disk's
     ENOSPC) under each writer: 256 KiB stops safetensors' model file, 4 MiB lets it through (3.2 MB) and stops
     torch.save's state (6.5 MB). Each: exit 2, one line naming the last good step, no half-written folder; then the
-    run resumes from that step without the limit."""
+    run resumes from that step without the limit. The limited runs are processes of their own (the limit is the
+    process's); the runs without one are run here."""
     import resource
     import subprocess
     import sys
 
     ck = tmp_path / "ck"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    flags = ["--checkpoint-dir", str(ck), "--checkpoint-every", "2"]
 
-    def train(steps: int, limit: int | None = None, *extra: str) -> subprocess.CompletedProcess:
+    def limited(limit: int) -> subprocess.CompletedProcess:
         def cap() -> None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-        return subprocess.run([sys.executable, "-m", "gpuwise", *TINY, "--steps", str(steps), "--checkpoint-dir",
-                               str(ck), "--checkpoint-every", "2", *extra], capture_output=True, text=True, env=env,
-                              timeout=300, preexec_fn=None if limit is None else cap)
+        return subprocess.run([sys.executable, "-m", "gpuwise", *TINY, "--steps", "8", *flags, "--resume"],
+                              capture_output=True, text=True, env=env, timeout=300, preexec_fn=cap)
 
-    assert train(4).returncode == 0
+    assert run_cli(capsys, *TINY, "--steps", "4", *flags)[0] == 0
     for limit, writer in ((256 * 1024, "SafetensorError"), (4 * 2**20, "RuntimeError")):
-        done = train(8, limit, "--resume")
+        done = limited(limit)
         errors = [x for x in done.stderr.splitlines() if x.startswith("error:")]
         assert done.returncode == 2, done.stderr[-2000:]
         assert len(errors) == 1 and "disk full at checkpoint step-000000006" in errors[0] and writer in errors[0]
         assert "the last good checkpoint is step 4 (step-000000004), intact" in errors[0]
         assert sorted(p.name for p in ck.iterdir()) == [".lock", "step-000000002", "step-000000004"]
-    done = train(6, None, "--resume")
-    assert done.returncode == 0 and (ck / "step-000000006").is_dir(), done.stderr[-2000:]
+    code, _, err = run_cli(capsys, *TINY, "--steps", "6", *flags, "--resume")
+    assert code == 0 and (ck / "step-000000006").is_dir(), err[-2000:]
 
 
 def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_checkpoint_before(tmp_path, monkeypatch):
