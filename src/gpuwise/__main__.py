@@ -1,7 +1,5 @@
 """``python -m gpuwise``."""
 
-import sys
+from gpuwise.cli import run
 
-from gpuwise.cli import main
-
-sys.exit(main())
+run()
