@@ -58,7 +58,8 @@ json.dump({"stand_in": stand_in, "heavy_before": heavy_before, "wrapped": len(wr
 
 def _run(script: str, **env) -> str:
     environ = {**os.environ, "GPUWISE_CACHE": "off", **env}
-    environ.pop("GPUWISE_LIGHT_DYNAMO", None) if "GPUWISE_LIGHT_DYNAMO" not in env else None
+    if "GPUWISE_LIGHT_DYNAMO" not in env:  # the stand-in on, whatever the caller's environment says
+        environ.pop("GPUWISE_LIGHT_DYNAMO", None)
     out = subprocess.run([sys.executable, "-c", script], env=environ, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout

@@ -166,8 +166,7 @@ def _become_real(module: _LightDynamo) -> None:
         module.__dict__.pop("graph_break", None)
         module.__spec__.loader.exec_module(module)
         for fn in module.wrapped:  # torch/_compile.py asks for the real disable on the next call
-            if getattr(fn, "__dynamo_disable", None) is not None and getattr(fn.__dynamo_disable, "stand_in", None) \
-                    is stand_in:
+            if getattr(getattr(fn, "__dynamo_disable", None), "stand_in", None) is stand_in:
                 del fn.__dynamo_disable
 
 

@@ -33,11 +33,16 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
     return tuple(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def _first_word(argv: list[str]) -> str | None:
+    """The command argv names, if any: its first word that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def _command_name(argv: list[str]) -> str:
     """ "gpuwise gpus" when argv names a command, else "gpuwise"."""
-    words = [a for a in argv if not a.startswith("-")]
+    word = _first_word(argv)
     known = typer.main.get_command(app).commands  # type: ignore[attr-defined]
-    return f"gpuwise {words[0]}" if words and words[0] in known else "gpuwise"
+    return f"gpuwise {word}" if word in known else "gpuwise"
 
 
 def _keep_examples(group) -> None:
@@ -174,9 +179,9 @@ GEN0_THRESHOLD = 10_000
 def run() -> None:
     """The ``gpuwise`` console script and ``python -m gpuwise``: ``main``, then the process ends with its code (for
     QUICK_EXIT's commands without Python's teardown; ``GPUWISE_QUICK_EXIT=0`` keeps it)."""
-    words = [a for a in sys.argv[1:] if not a.startswith("-")]
-    quick = bool(words) and words[0] in QUICK_EXIT and os.environ.get("GPUWISE_QUICK_EXIT", "1") != "0"
-    frozen = quick and words[0] in CAPTURING
+    command = _first_word(sys.argv[1:])
+    quick = command in QUICK_EXIT and os.environ.get("GPUWISE_QUICK_EXIT", "1") != "0"
+    frozen = quick and command in CAPTURING
     if frozen:
         with contextlib.suppress(Exception):  # main imports it again, and reports what fails
             import gpuwise.planning.planner  # noqa: F401  (the imports CAPTURING's comment freezes)

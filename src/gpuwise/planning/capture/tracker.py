@@ -472,8 +472,10 @@ class Tracker(TorchDispatchMode):
         moved = 0
         outs: dict[int, int] = {}
         results = _tensors(out)
+        owned = self._owner and self.phase == "optimizer"
+        inputs = _tensors((args, kwargs)) if data or owned else []
         if data:
-            ins = _tensors((args, kwargs))
+            ins = inputs
             if self._fused:  # a compiled graph: what a fused kernel kept in registers is not read from memory
                 ins = [t for t in ins if not self._in_registers(t)]
             for t in results:
@@ -484,9 +486,8 @@ class Tracker(TorchDispatchMode):
             raise GpuwiseError(f"one aten.{name} moves {moved:.3g} bytes and does {flops or 0:.3g} FLOPs: more than "
                                "any GPU cluster holds, and past the planner's 64-bit counts",
                                "check the model's sizes (hidden_size, n_embd, intermediate_size, vocab_size)")
-        owned = self._owner and self.phase == "optimizer"
         if owned:  # the block this optimizer op works on labels its row and its sample
-            self.block = self._block_of(_tensors((args, kwargs)))
+            self.block = self._block_of(inputs)
         if data or flops:
             self._op_flops.append(flops or 0)
             self._op_bytes.append(moved)
