@@ -119,7 +119,6 @@ class BenchReport:
     calibration_skipped: str | None = None  # why --calibrate stored nothing
     interrupted: bool = False  # Ctrl-C (or SIGTERM, SIGHUP) stopped the run: ``results`` are the cases that finished
     planned: int = 0  # how many cases were to run
-    limit_s: float | None = None  # the seconds one case could take (None: no limit)
     saved: Path | None = None  # where --save wrote the results
 
     @property
@@ -212,5 +211,4 @@ def run_bench(options: BenchOptions, machine: LocalMachine, *, calibration_dir: 
         where = save_calibration(calibration, calibration_dir)
     return BenchReport(device=target.name, label=label, row=target.row, quick=options.quick, results=tuple(results),
                        comparison=comparison, calibration=calibration, calibration_path=where,
-                       calibration_skipped=skipped, interrupted=interrupted, planned=planned, limit_s=limit_s,
-                       saved=saved)
+                       calibration_skipped=skipped, interrupted=interrupted, planned=planned, saved=saved)

@@ -527,11 +527,7 @@ def _run_one(case: Case, dev: Device, cpu: Device, pace: Pace, cpu_pace: Pace, *
         return _not_run(case, dev, f"not run: {exc.message}")
     except (GpuwiseError, RuntimeError, ValueError, TypeError) as exc:  # a backend or dtype this device lacks
         return _not_run(case, dev, f"not run: {first_line(exc, limit=100)}")
-    best = min(m.times_s)  # the least-disturbed call predicts the next size best
-    if case.op == "gemm" and flops:
-        pace.learn(case.dtype, flops=flops, seconds=best)
-    elif case.op == "copy" and nbytes:
-        pace.learn_copy(nbytes=nbytes, seconds=best)
+    _learn(pace, case, m)
     speedup, baseline = None, None
     if target.type != "cpu" and case.cpu:
         speedup, baseline = _cpu_baseline(case, m, cpu, cpu_pace, quick=warmup == 1)
@@ -557,6 +553,8 @@ def _cpu_baseline(case: Case, m: Measurement, cpu: Device, pace: Pace, *, quick:
         _probe(pace, cpu, case.compute)
         call = _call_seconds(pace, cpu, case)
     if not pace.fits(call):
+        if call is None:  # nothing predicts it (a first copy): only a spent budget stops it
+            return None, f"no CPU baseline: {pace.over(None, '')}"
         return None, f"no CPU baseline: about {case_seconds(call):.0f} s at this CPU's rate{pace.emulated(case.dtype)}"
     try:
         base, _, _ = run_case(replace(case, limit_s=pace.left_s), cpu, warmup=1, repeats=2 if quick else 3)
@@ -564,11 +562,16 @@ def _cpu_baseline(case: Case, m: Measurement, cpu: Device, pace: Pace, *, quick:
         return None, f"no CPU baseline: one call took {exc.call_s:.2g} s on it"
     except (GpuwiseError, RuntimeError, ValueError, TypeError):
         return None, "the CPU cannot run this case"
-    if case.op == "gemm":
-        pace.learn(case.dtype, flops=case.estimate, seconds=min(base.times_s))
-    elif case.op == "copy":
-        pace.learn_copy(nbytes=case.bytes, seconds=min(base.times_s))
+    _learn(pace, case, base)
     return base.median_s / m.median_s, None
+
+
+def _learn(pace: Pace, case: Case, m: Measurement) -> None:
+    """What a GEMM's or a copy's least-disturbed call took predicts the next size on the same device best."""
+    if case.op == "gemm":
+        pace.learn(case.dtype, flops=case.estimate, seconds=min(m.times_s))
+    elif case.op == "copy":
+        pace.learn_copy(nbytes=case.bytes, seconds=min(m.times_s))
 
 
 def compare(a: list[BenchResult], b: list[BenchResult]) -> list[tuple[BenchResult, BenchResult, float]]:

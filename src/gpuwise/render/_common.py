@@ -359,6 +359,15 @@ def _stacked(columns: Sequence[Column], cells: list[list[Text]], groups: set[int
     return lines
 
 
+def title_over(console: Console, table: Table, title: str, *, edge: bool = True) -> None:
+    """``title`` centred over ``table`` where it fits on a line, else printed now, wrapped (``wrap``: never a split
+    unit)."""
+    if cell_len(title) <= sum(c.width or 0 for c in table.columns) + _overhead(len(table.columns), edge):
+        table.title = title
+    else:
+        print_wrapped(console, Text(title, style="italic"))
+
+
 def print_fit(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str | Text] | str | Text], *,
               title: str | None = None, edge: bool = True, lines: bool = False,
               notes: Sequence[str | Text] = ()) -> None:
@@ -371,12 +380,8 @@ def print_fit(console: Console, columns: Sequence[Column], rows: Sequence[Sequen
     hidden: tuple[Column, ...] = ()
     if fits:
         table, hidden = fit_table(columns, rows, width, edge=edge, lines=lines)
-        if title:  # centred over the table where it fits on a line, else wrapped by ``wrap`` (never a split unit)
-            shown = sum(c.width or 0 for c in table.columns) + _overhead(len(table.columns), edge)
-            if cell_len(title) <= shown:
-                table.title = title
-            else:
-                print_wrapped(console, Text(title, style="italic"))
+        if title:
+            title_over(console, table, title, edge=edge)
         console.print(table)
     else:
         if title:

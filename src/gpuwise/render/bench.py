@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rich import box
-from rich.cells import cell_len
 from rich.console import Console
 from rich.segment import Segment, Segments
 from rich.table import Table
@@ -22,7 +21,6 @@ from gpuwise.render._common import (
     _cells,
     _layout,
     _num,
-    _overhead,
     _seconds,
     _stacked,
     fit_table,
@@ -30,6 +28,7 @@ from gpuwise.render._common import (
     print_lines,
     print_table,
     print_wrapped,
+    title_over,
 )
 
 if TYPE_CHECKING:  # these import torch; gpus and doctor render without it
@@ -191,10 +190,7 @@ class BenchStream:
             self._table, self.hidden = fit_table(shown, rows, width)
             self._shown = tuple(c for c in shown if c not in self.hidden)  # fit_table's, in its order
             header = self._copy(header=True)
-            if cell_len(title) <= sum(c.width or 0 for c in header.columns) + _overhead(len(header.columns)):
-                header.title = title  # centred over the table, as print_table does where it fits on a line
-            else:
-                print_wrapped(self.console, Text(title, style="italic"))
+            title_over(self.console, header, title)  # as print_table places it
             self._print_lines(header, drop_last=True)
 
     def status(self, text: str) -> None:

@@ -154,12 +154,17 @@ def _fit(units: Sequence[_Unit], width: int, lines: int) -> list[Text]:
 def status_lines(tick: Tick, *, max_gpus: int = 8, width: int | None = None) -> list[Text]:
     """The live view of one sample: a header (pid, time, steps), one row per GPU, one for the host; each row a line,
     or, given a ``width`` it does not fit, folded at its pieces onto as many lines as it needs."""
+    return [line for units in _rows(tick, max_gpus) for line in _pack(units, width or 10 ** 6)]
+
+
+def _rows(tick: Tick, shown: int) -> list[list[_Unit]]:
+    """The pieces of each row of ``tick``'s view, the panel's and ``status_lines``': the header, the first ``shown``
+    GPUs, the host."""
     devices = tick.sample.devices
-    hidden = (max_gpus, len(devices)) if len(devices) > max_gpus else None
-    pad = max((len(_name(d)) for d in devices[:max_gpus]), default=0)
-    rows = [_head_units(tick, hidden), *(_device_units(d, bool(d.process_memory_bytes), pad)
-                                         for d in devices[:max_gpus]), _host_units(tick.sample.host)]
-    return [line for units in rows for line in _pack(units, width or 10 ** 6)]
+    hidden = (shown, len(devices)) if len(devices) > shown else None
+    pad = max((len(_name(d)) for d in devices[:shown]), default=0)
+    return [_head_units(tick, hidden), *(_device_units(d, bool(d.process_memory_bytes), pad) for d in devices[:shown]),
+            _host_units(tick.sample.host)]
 
 
 @dataclass(frozen=True)
@@ -240,14 +245,10 @@ def _shape(pid: int, gpus: int, tick: Tick | None, width: int, budget: int) -> _
 
 def _frame(tick: Tick, shape: _Shape, width: int) -> list[Text]:
     """``tick`` in the panel's rows: each part in its lines (``_fit``), a blank line where it needs fewer."""
-    devices = tick.sample.devices
-    hidden = (shape.shown, len(devices)) if len(devices) > shape.shown else None
-    pad = max((len(_name(d)) for d in devices[:shape.shown]), default=0)
-    parts = [(_head_units(tick, hidden), shape.head),
-             *((_device_units(d, bool(d.process_memory_bytes), pad), shape.gpu) for d in devices[:shape.shown]),
-             (_host_units(tick.sample.host), shape.host)]
+    rows = _rows(tick, shape.shown)
+    heights = [shape.head, *[shape.gpu] * (len(rows) - 2), shape.host]
     lines: list[Text] = []
-    for units, n in parts:
+    for units, n in zip(rows, heights, strict=True):
         fitted = _fit(units, width, n)
         lines += fitted[:n] + [Text()] * (n - len(fitted))
     return lines
