@@ -42,6 +42,9 @@ def load_json(text: str | bytes) -> Any:
         value = json.loads(text)
     except RecursionError:
         raise TooDeep(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    opening = (b"[", b"{") if isinstance(text, (bytes, bytearray)) else ("[", "{")
+    if text.count(opening[0]) + text.count(opening[1]) <= MAX_JSON_DEPTH:
+        return value  # each level opens with one: no deeper than that (a log line, a small file: no walk)
     stack = [(value, 1)]
     while stack:  # without recursion: a value nested just under the parser's limit is measured too
         item, depth = stack.pop()

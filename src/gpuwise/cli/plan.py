@@ -177,15 +177,14 @@ def _plan(model: str | None, setup, *, hf_config: str | None, gpus: tuple[str, .
     for the plan is theirs alone), and max_batch and the remedies are for the first."""
     from gpuwise.planning.planner import plan_here, plan_model, where
 
-    if len(gpus) <= 1:
-        return plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpus[0] if gpus else None,
-                         device=device)
-    from gpuwise.hardware.catalog import Catalog, load_catalog
+    if len(gpus) > 1:
+        from gpuwise.hardware.catalog import Catalog, load_catalog
 
-    catalog = load_catalog()
-    keys = gpu_keys(gpus, catalog)
-    context = where(os.environ, gpu=keys[0], device=device)  # --device with --gpu is refused there
-    if len(keys) == 1:
-        return plan_model(model, setup, hf_config=hf_config, **context)
-    return plan_model(model, setup, hf_config=hf_config, primary=keys[0], calibrations=context["calibrations"],
-                      catalog=Catalog(tuple(catalog.get(k) for k in keys)))
+        catalog = load_catalog()
+        gpus = gpu_keys(gpus, catalog)  # names of one GPU ("h100,h100-sxm") plan as that one, below
+        if len(gpus) > 1:
+            context = where(os.environ, gpu=gpus[0], device=device)  # --device with --gpu is refused there
+            return plan_model(model, setup, hf_config=hf_config, primary=gpus[0],
+                              calibrations=context["calibrations"], catalog=Catalog(tuple(map(catalog.get, gpus))))
+    return plan_here(model, setup, environ=os.environ, hf_config=hf_config, gpu=gpus[0] if gpus else None,
+                     device=device)

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from gpuwise.cli._app import CompileFlag, DeviceOption, JsonFlag, app
+from gpuwise.training import waiting
 from gpuwise.training.config import HF_SEQ, IMAGE_SIZE, TEXT_SEQ, TrainConfig, TrainOptions
 
 
@@ -92,7 +93,7 @@ def train(
         help="DataLoader workers for --data [doctor's advice: the cores each process gets, less one].")
                        ] = None,
     data_timeout: Annotated[float | None, typer.Option(
-        envvar="GPUWISE_DATA_TIMEOUT", metavar="SECONDS",
+        envvar=waiting.ENV, metavar="SECONDS",
         help="Stop with an error when --data's function, or one batch of its Dataset, keeps the run waiting this "
              "long; either way a line says what the run waits for after 30 s [no bound].")] = None,
     eval_every: Annotated[int | None, typer.Option(help="Evaluate on held-out data every N steps [at the end]."

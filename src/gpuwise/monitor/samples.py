@@ -174,8 +174,11 @@ def from_line(line: str) -> Sample | StepEvent | OomEvent | None:
     if not line.strip():
         return None
     data = load_json(line)
-    cls = _KINDS.get(data.pop("kind", None))
-    return None if cls is None else _from_dict(cls, data)
+    try:
+        cls = _KINDS.get(data.pop("kind", None))
+        return None if cls is None else _from_dict(cls, data)
+    except AttributeError as exc:  # JSON, but not our objects (a list, a device that is a number): as bad as no JSON
+        raise ValueError(str(exc)) from None
 
 
 def write_lines(items: Iterable[Sample | StepEvent | OomEvent], f: IO[str]) -> None:
@@ -195,7 +198,7 @@ def read_log(path: str | Path) -> Record:
     for i, line in enumerate(lines):
         try:
             item = from_line(line)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # TooDeep is a ValueError
+        except (ValueError, TypeError, KeyError) as exc:  # TooDeep is a ValueError
             if i == len(lines) - 1:
                 break  # the writer was stopped mid-line
             raise GpuwiseError(f"{path} line {i + 1} is not a gpuwise log line: {exc}",

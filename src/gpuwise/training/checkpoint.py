@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpuwise.errors import DamagedCheckpoint, GpuwiseError, first_line
-from gpuwise.files import DISK_FULL
+from gpuwise.files import DISK_FULL, load_json
 from gpuwise.training.config import not_a_folder
 
 PREFIX = "step-"
@@ -55,10 +55,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
                 mode = info.st_mode
                 if stat.S_ISREG(mode) and info.st_size > MANIFEST_LIMIT:
                     raise DamagedCheckpoint(f"{path.name}: {MANIFEST} holds {info.st_size} bytes, not a manifest")
-                manifest = json.loads(f.read()) if stat.S_ISREG(mode) else None
+                manifest = load_json(f.read()) if stat.S_ISREG(mode) else None
         if not stat.S_ISREG(mode):
             raise DamagedCheckpoint(f"{path.name}: {MANIFEST} is {_file_kind(mode)}, not a file")
-    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError; deep nesting recurses
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and load_json's TooDeep are ValueErrors
         raise DamagedCheckpoint(f"{path.name}: no readable manifest ({type(exc).__name__})") from None
     if not isinstance(manifest, dict):
         raise DamagedCheckpoint(f"{path.name}: no readable manifest (a JSON {type(manifest).__name__})")
@@ -301,12 +301,15 @@ def latest(folder: str | os.PathLike) -> tuple[Checkpoint | None, list[str]]:
 
 def saved_run(folder: str | os.PathLike) -> dict[str, Any] | None:
     """The settings the newest readable checkpoint's run was started with (``run`` in its manifest), or None."""
-    for path in sorted(steps_in(Path(folder)), key=lambda p: manifest_step(p) or -1, reverse=True):
+    readable = []  # (step, manifest), each manifest read once
+    for path in steps_in(Path(folder)):
         try:
             manifest = read_manifest(path)
-            step_of(path, manifest)  # one with no step is passed over by the resume too: its settings are not used
+            # one with no step is passed over by the resume too: its settings are not used
+            readable.append((step_of(path, manifest), manifest))
         except DamagedCheckpoint:
             continue
+    for _, manifest in sorted(readable, key=lambda r: r[0], reverse=True):
         run = manifest.get("run")
         if isinstance(run, dict):
             return run

@@ -279,7 +279,9 @@ class Trainer:
                     raise GpuwiseError(f"the data does not fit the model: {first_line(exc)}",
                                        "check that --data's items are what the model's forward takes") from exc
                 if not loss.requires_grad:  # backward would fail in PyTorch's words (exit 3)
-                    raise _detached(self.module, step=self.step + 1)
+                    from gpuwise.planning.sources.file import detached_loss
+
+                    raise detached_loss(f"step {self.step + 1}", f"{type(self.module).__name__}'s")
                 loss = loss / accum  # the mean over the whole batch, micro-batch by micro-batch
                 timed = comm is not None and m == accum - 1  # the backward that all-reduces
                 if timed:
@@ -461,15 +463,6 @@ def _not_in_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> str
     return (f"the optimizer holds {len(trainable) - len(missing)} of {cls}'s {len(trainable)} trainable parameters: "
             f"{shown} get gradients but are never updated (build the optimizer over model.parameters(), or set "
             "requires_grad=False on those meant to stay frozen)")
-
-
-def _detached(model: nn.Module, *, step: int) -> GpuwiseError:
-    """A loss without a gradient: backward would fail with PyTorch's "element 0 of tensors does not require grad"
-    (exit 3). The model's output was cut from its weights."""
-    return GpuwiseError(f"the loss of step {step} has no gradient: {type(model).__name__}'s output is detached from "
-                        "its weights (a .detach(), torch.no_grad() or .item() in forward, or a tensor rebuilt from "
-                        "values)",
-                        "return the output of the layers themselves from forward, with no .detach() on the way")
 
 
 def _stuck_hint(data: Any) -> str:

@@ -152,13 +152,19 @@ def _lazy(name: str, batch: int, tensor: str | None) -> GpuwiseError:
                         "on the inputs in the function before returning the model")
 
 
+def detached_loss(loss_of: str, whose: str) -> GpuwiseError:
+    """A loss without a gradient, in plan (here) and train (the Trainer): backward would fail in PyTorch's words
+    ("element 0 of tensors does not require grad", exit 3); the model's output was cut from its weights, not by a
+    fake-tensor rule. ``loss_of``: the step or model ("step 3"); ``whose``: whose output ("Net's")."""
+    return GpuwiseError(f"the loss of {loss_of} has no gradient: {whose} output is detached from its weights "
+                        "(a .detach(), torch.no_grad() or .item() in forward, or a tensor rebuilt from values)",
+                        "return the output of the layers themselves from forward, with no .detach() on the way")
+
+
 def _trainable_loss(name: str, loss: torch.Tensor) -> torch.Tensor:
-    """A training step's loss that backward can follow; a detached one ("element 0 of tensors does not require
-    grad") is the model's doing, not a fake-tensor rule's."""
+    """A training step's loss that backward can follow (else ``detached_loss``)."""
     if not loss.requires_grad:
-        raise GpuwiseError(f"the loss of {name} has no gradient: the model's output is detached from its weights "
-                           "(a .detach(), torch.no_grad() or .item() in forward, or a tensor rebuilt from values)",
-                           "return the output of the layers themselves from forward, with no .detach() on the way")
+        raise detached_loss(name, "the model's")
     return loss
 
 
